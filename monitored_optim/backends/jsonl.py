@@ -1,0 +1,25 @@
+"""JSON-lines backend: ``{logdir}/metrics.jsonl``, one object per logging step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class JsonlBackend:
+    """Appends ``{"step": N, "<tag>": <float>, ...}`` and a newline per logging step, flushed at once.
+
+    Example line: ``{"step": 10, "update_to_data/fc1.weight": -2.97, "global/grad_norm": 0.41}``.
+    """
+
+    def __init__(self, logdir: Path) -> None:
+        logdir.mkdir(parents=True, exist_ok=True)
+        self.path = logdir / "metrics.jsonl"
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self._file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()

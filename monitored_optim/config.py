@@ -1,0 +1,133 @@
+"""Monitor configuration: the ``MonitorConfig`` fields and the environment variables behind them.
+
+Precedence: a field set on ``MonitorConfig`` wins; otherwise its ``MONITORED_OPTIM_*`` environment
+variable is read; otherwise the default applies. Every value is checked here, once, when the
+optimizer is constructed, so that a typo fails before training starts rather than hours into it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+BACKENDS = ("tensorboard", "wandb", "jsonl")
+"""Backend names accepted in ``MonitorConfig.backend`` and ``MONITORED_OPTIM_BACKEND`` (plus ``none``)."""
+
+ENV_BACKEND = "MONITORED_OPTIM_BACKEND"
+ENV_LOGDIR = "MONITORED_OPTIM_LOGDIR"
+ENV_EVERY = "MONITORED_OPTIM_EVERY"
+DEFAULT_BACKEND = "tensorboard"
+DEFAULT_EVERY = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitorConfig:
+    """What a monitored optimizer logs, where and how often.
+
+    Pass it as ``Monitored(torch.optim.AdamW)(params, lr=1e-3, monitor=MonitorConfig(...))``.
+    Each field left at ``None`` is read from its environment variable, then from the default.
+
+    Args:
+        backend: ``"tensorboard"`` (default), ``"wandb"``, ``"jsonl"``, ``"none"``, a comma-separated
+            string of these, or a sequence of names. Environment: ``MONITORED_OPTIM_BACKEND``.
+        logdir: directory for TensorBoard event files and ``metrics.jsonl``. Default, as
+            TensorBoard's ``SummaryWriter``: ``runs/<Mon><DD>_<HH-MM-SS>_<hostname>`` under the
+            working directory. Environment: ``MONITORED_OPTIM_LOGDIR``.
+        every: log on optimizer steps where ``step % every == 0`` (int >= 1, default 1; the first
+            step is step 1). Environment: ``MONITORED_OPTIM_EVERY``.
+
+    Raises:
+        ValueError: from :func:`resolve` (at optimizer construction) for a value outside the
+            ranges above, naming the field or variable, the value and what is allowed.
+    """
+
+    backend: str | Sequence[str] | None = None
+    logdir: str | os.PathLike[str] | None = None
+    every: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """A checked configuration: backend names (possibly empty), the log directory and the period."""
+
+    backends: tuple[str, ...]
+    logdir: Path
+    every: int
+
+
+def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Merge ``config`` with the environment and check every value.
+
+    Args:
+        config: explicit settings; ``None`` means all from the environment.
+        environ: the environment to read (default ``os.environ``). An empty variable counts as unset.
+
+    Returns:
+        Settings with a tuple of backend names from :data:`BACKENDS` (empty for ``none``), the log
+        directory as a ``Path`` (not created here) and ``every`` as an int >= 1.
+
+    Raises:
+        TypeError: ``config`` is not a ``MonitorConfig`` or ``None``.
+        ValueError: a bad value, with its source (field or variable), the value and what is allowed.
+    """
+    if config is None:
+        config = MonitorConfig()
+    if not isinstance(config, MonitorConfig):
+        raise TypeError(f"monitor= expects a monitored_optim.MonitorConfig or None, got {config!r}")
+    env = os.environ if environ is None else environ
+    backend, backend_src = _pick(config.backend, "MonitorConfig.backend", env, ENV_BACKEND)
+    logdir, _ = _pick(config.logdir, "MonitorConfig.logdir", env, ENV_LOGDIR)
+    every, every_src = _pick(config.every, "MonitorConfig.every", env, ENV_EVERY)
+    return Settings(
+        backends=_parse_backends(DEFAULT_BACKEND if backend is None else backend, backend_src),
+        logdir=Path(logdir) if logdir is not None else default_logdir(),
+        every=DEFAULT_EVERY if every is None else _parse_every(every, every_src),
+    )
+
+
+def default_logdir() -> Path:
+    """TensorBoard's default run directory, ``runs/<Mon><DD>_<HH-MM-SS>_<hostname>`` (as tensorboardX)."""
+    stamp = datetime.datetime.now().strftime("%b%d_%H-%M-%S")
+    return Path("runs") / f"{stamp}_{socket.gethostname()}"
+
+
+def _pick(value, field: str, env: Mapping[str, str], var: str):
+    """The explicit value with its field name, else the environment's (empty = unset) with its variable."""
+    if value is not None:
+        return value, field
+    raw = env.get(var, "")
+    return (raw, var) if raw.strip() else (None, var)
+
+
+def _parse_backends(value: str | Sequence[str], source: str) -> tuple[str, ...]:
+    allowed = f"one of {', '.join(BACKENDS)}, none, or a comma-separated list of them"
+    names = value.split(",") if isinstance(value, str) else list(value)
+    if not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{source}={value!r} is not a valid backend: expected {allowed}")
+    names = [n.strip().lower() for n in names]
+    if names == ["none"]:
+        return ()
+    bad = [n for n in names if n not in BACKENDS]
+    if bad or not names:
+        raise ValueError(f"{source}={value!r} is not a valid backend ({bad[0]!r} is unknown): expected {allowed}"
+                         if bad else f"{source}={value!r} names no backend: expected {allowed}")
+    return tuple(dict.fromkeys(names))
+
+
+def _parse_every(value: int | str, source: str) -> int:
+    if isinstance(value, bool):
+        every = None
+    elif isinstance(value, int):
+        every = value
+    else:
+        try:
+            every = int(str(value).strip())
+        except ValueError:
+            every = None
+    if every is None or every < 1:
+        raise ValueError(f"{source}={value!r} is not a valid logging period: expected an integer >= 1")
+    return every

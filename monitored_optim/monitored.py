@@ -1,0 +1,109 @@
+"""``Monitored(cls)``: a cached, drop-in subclass of any optimizer class whose ``step`` is monitored."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from typing import Any, TypeVar
+
+import torch
+
+from .config import MonitorConfig
+from .monitor import Monitor
+from .updates import raw_step
+
+O = TypeVar("O", bound=type)
+
+_CACHE: dict[type, type] = {}
+_LOCK = threading.Lock()
+
+
+def Monitored(optimizer_cls: O) -> O:
+    """Return the monitored subclass of ``optimizer_cls``, built once and cached.
+
+    The subclass takes exactly the arguments of ``optimizer_cls`` plus a keyword-only
+    ``monitor: MonitorConfig | None`` (``None``: configure from ``MONITORED_OPTIM_*`` variables), and
+    behaves bit for bit like the base class: same parameters, state and ``state_dict()`` after every
+    step, step hooks fired once per step, LR schedulers and closures as usual. Every
+    ``MonitorConfig.every``-th step it measures each parameter's update u = p_after - p_before
+    (from the optimizer's state where a view exists, else from a clone taken on that step only)
+    and logs the figures listed in the README through ``opt.monitor``.
+
+    Example::
+
+        AdamW = Monitored(torch.optim.AdamW)        # Monitored(torch.optim.AdamW) is AdamW
+        opt = AdamW(model.named_parameters(), lr=1e-3)
+        isinstance(opt, torch.optim.AdamW)          # True
+
+    Args:
+        optimizer_cls: a subclass of ``torch.optim.Optimizer`` (built-in or third-party). Passing an
+            already monitored class returns it unchanged.
+
+    Returns:
+        The subclass (named ``Monitored<Name>``); the same object for the same ``optimizer_cls``.
+
+    Raises:
+        TypeError: ``optimizer_cls`` is not a class derived from ``torch.optim.Optimizer``.
+    """
+    if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
+        raise TypeError("Monitored() expects an optimizer class, a subclass of torch.optim.Optimizer "
+                        f"such as torch.optim.AdamW (the class, not an instance); got {optimizer_cls!r}")
+    if "_monitored_base" in vars(optimizer_cls):
+        return optimizer_cls
+    with _LOCK:
+        if optimizer_cls not in _CACHE:
+            _CACHE[optimizer_cls] = _build(optimizer_cls)
+        return _CACHE[optimizer_cls]  # type: ignore[return-value]
+
+
+def _build(base: type[torch.optim.Optimizer]) -> type:
+    def __init__(self, *args: Any, monitor: MonitorConfig | None = None, **kwargs: Any) -> None:
+        built = Monitor(monitor, base)  # bad configuration fails before any optimizer work
+        base.__init__(self, *args, **kwargs)
+        self._monitor = built
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        return self.monitor.run(self, raw_step(base), args, kwargs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = base.__getstate__(self)
+        state["_monitor_config"] = self.monitor.config
+        state["_monitor_step"] = self.monitor.step
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        config, count = state.pop("_monitor_config", None), state.pop("_monitor_step", 0)
+        base.__setstate__(self, state)
+        self._monitor = Monitor(config, base)
+        self._monitor.step = count
+
+    @property
+    def monitor(self) -> Monitor:
+        """The :class:`~monitored_optim.monitor.Monitor` of this optimizer (step count, latest figures)."""
+        return self._monitor
+
+    __init__.__signature__ = _with_monitor_kwarg(base.__init__)  # type: ignore[attr-defined]
+    __init__.__doc__ = base.__init__.__doc__
+    step.__signature__ = inspect.signature(raw_step(base))  # type: ignore[attr-defined]
+    step.__doc__ = raw_step(base).__doc__
+    name = f"Monitored{base.__name__}"
+    namespace = {
+        "__init__": __init__, "step": step, "monitor": monitor,
+        "__getstate__": __getstate__, "__setstate__": __setstate__,
+        "_monitored_base": base, "__module__": __name__, "__qualname__": name,
+        "__doc__": f"{base.__name__} whose step() is monitored (see monitored_optim.Monitored).\n\n"
+                   f"{base.__doc__ or ''}",
+    }
+    return type(base)(name, (base,), namespace)
+
+
+def _with_monitor_kwarg(init: Any) -> inspect.Signature | None:
+    try:
+        sig = inspect.signature(init)
+    except (TypeError, ValueError):
+        return None
+    params = list(sig.parameters.values())
+    extra = inspect.Parameter("monitor", inspect.Parameter.KEYWORD_ONLY, default=None,
+                              annotation="MonitorConfig | None")
+    cut = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
+    return sig.replace(parameters=params[:cut] + [extra] + params[cut:])

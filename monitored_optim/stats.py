@@ -1,0 +1,97 @@
+"""Numerically stable per-tensor moments, stacked into one table per device, and the figures from it.
+
+Each tensor x contributes a row ``(mean, m2)`` in float64 on its device, with
+``m2 = sum((x - mean)^2)``, and its element count n on the host. ``torch.var_mean`` computes mean and m2 with Welford's algorithm, so
+a LayerNorm weight near 1.0 with a spread of 1e-4 keeps its spread (a plain sum-of-squares formula
+loses it to cancellation). From a row: ``std = sqrt(m2 / (n - 1))`` (Bessel's correction, as
+``torch.std(correction=1)``) and ``||x||_2 = sqrt(m2 + n * mean^2)`` (both terms >= 0: no
+cancellation). Rows of disjoint pieces combine exactly by Chan, Golub & LeVeque (1979), which is what
+sharded training needs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+def moments(x: Tensor) -> Tensor:
+    """The ``(mean, m2)`` of ``x`` as a float64 tensor of shape ``(2,)`` on ``x``'s device.
+
+    Args:
+        x: any floating or complex tensor, any shape. Complex counts as pairs of reals, sparse is
+            densified, bf16/fp16 is promoted to float32 first. Its element count is
+            :func:`count` ``(x)``, which the caller keeps on the host.
+
+    Returns:
+        Tensor of shape ``(2,)``, dtype float64. No host synchronisation.
+    """
+    x = _dense_real(x)
+    var, mean = torch.var_mean(x, correction=0)
+    return torch.stack([mean, var * x.numel()]).double()
+
+
+def count(x: Tensor) -> int:
+    """Number of real elements that :func:`moments` sees in ``x`` (complex counts twice)."""
+    return x.numel() * (2 if x.is_complex() else 1)
+
+
+def _dense_real(x: Tensor) -> Tensor:
+    x = x.detach()
+    if x.is_sparse:
+        x = x.coalesce().to_dense()
+    if x.is_complex():
+        x = torch.view_as_real(x)
+    if x.dtype in (torch.float16, torch.bfloat16):
+        x = x.float()
+    return x.reshape(-1)
+
+
+@dataclass(frozen=True)
+class Moments:
+    """Host-side moments of one tensor: count ``n`` (0 = absent), ``mean`` and ``m2`` (float)."""
+
+    n: float
+    mean: float
+    m2: float
+
+    @property
+    def std(self) -> float:
+        """Sample standard deviation (correction=1); NaN when ``n < 2``."""
+        return math.sqrt(max(self.m2, 0.0) / (self.n - 1)) if self.n > 1 else math.nan
+
+    @property
+    def sq_norm(self) -> float:
+        """Squared L2 norm ``m2 + n * mean^2``."""
+        return max(self.m2, 0.0) + self.n * self.mean * self.mean
+
+    @property
+    def norm(self) -> float:
+        """L2 norm."""
+        return math.sqrt(self.sq_norm)
+
+
+def log10_ratio(num: Moments, den: Moments) -> float | None:
+    """``log10(std(num) / std(den))``, or ``None`` when either std is zero, undefined or not finite."""
+    a, b = num.std, den.std
+    if not (math.isfinite(a) and math.isfinite(b)) or a <= 0.0 or b <= 0.0:
+        return None
+    return math.log10(a / b)
+
+
+def to_host(rows: list[Tensor]) -> list[tuple[float, float]]:
+    """Copy rows of :func:`moments` (each shape ``(2,)`` float64) to the host, one copy per device.
+
+    Returns ``(mean, m2)`` pairs in the order given.
+    """
+    out: list[tuple[float, float]] = [(0.0, 0.0)] * len(rows)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_device.setdefault(row.device, []).append(i)
+    for idx in by_device.values():
+        table = torch.stack([rows[i] for i in idx]).cpu().tolist()
+        for i, pair in zip(idx, table):
+            out[i] = (pair[0], pair[1])
+    return out

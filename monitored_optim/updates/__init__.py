@@ -1,0 +1,70 @@
+"""Update views: per optimizer family, how to obtain u = p_after - p_before for one parameter.
+
+A view is two small functions of ``(group, p, state)`` with no hidden state:
+
+* ``before(group, p, state) -> snapshot``: called just before the base ``step()`` on logging
+  steps; keeps only what the rebuild needs (often nothing). A view that cannot be exact for this
+  parameter returns :class:`~monitored_optim.updates.clone.Cloned` instead.
+* ``update(group, p, state, snapshot) -> Tensor | None``: called after the step; the update u
+  with ``p``'s shape (a temporary the caller drops after reducing it), or ``None`` when the step
+  left ``p`` exactly unchanged (torch optimizers skip parameters whose grad is ``None``).
+
+A view is chosen by the optimizer's ``step`` function, never by class name alone: a subclass
+that overrides ``step`` gets the clone fallback, whose figures are true for any optimizer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import torch
+from torch import Tensor
+
+from .adam import AdamView
+from .clone import CLONE, Cloned, CloneView
+from .sgd import SgdView
+
+
+class View(Protocol):
+    """Rebuilds one parameter's update from what the optimizer keeps (see the module docstring)."""
+
+    def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Any:
+        """Snapshot taken before the step (``Cloned`` to fall back to a clone)."""
+
+    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:
+        """The update ``p_after - p_before`` (shape of ``p``), or ``None`` for exactly zero."""
+
+
+_REGISTRY: dict[type[torch.optim.Optimizer], View] = {
+    torch.optim.SGD: SgdView(),
+    torch.optim.Adam: AdamView(),
+}
+
+
+def raw_step(cls: type) -> Callable[..., Any]:
+    """``cls.step`` without torch's hook wrappers (``Optimizer.profile_hook_step``, marked ``hooked``).
+
+    torch wraps ``type(opt).step`` the first time an instance is built; the wrapper runs the
+    optimizer step hooks. Unwrapping gives the function that does the arithmetic, which is what a
+    view is written for and what a monitored step calls so that hooks run exactly once.
+    """
+    fn = cls.step
+    while getattr(fn, "hooked", False):
+        fn = fn.__wrapped__
+    return fn
+
+
+def view_for(cls: type[torch.optim.Optimizer]) -> View:
+    """The state-aware view whose optimizer has exactly ``cls``'s step function, else the clone view.
+
+    Example: ``view_for(torch.optim.AdamW)`` is Adam's view (AdamW inherits ``Adam.step``); a
+    subclass of Adam that overrides ``step`` gets :data:`~monitored_optim.updates.clone.CLONE`.
+    """
+    fn = raw_step(cls)
+    for base, view in _REGISTRY.items():
+        if raw_step(base) is fn:
+            return view
+    return CLONE
+
+
+__all__ = ["CLONE", "Cloned", "CloneView", "View", "raw_step", "view_for"]

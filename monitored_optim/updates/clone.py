@@ -1,0 +1,38 @@
+"""The clone-and-diff fallback: exact for any optimizer, at the cost of one copy of the parameter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Cloned:
+    """A snapshot holding a detached copy of ``p`` taken before the step."""
+
+    before: Tensor
+
+    def update(self, p: Tensor) -> Tensor:
+        """``p_after - p_before``, computed in float32 for bf16/fp16 parameters (exact there)."""
+        after = p.detach()
+        if after.dtype.itemsize < 4 and after.is_floating_point():
+            return after.float() - self.before.float()
+        return after - self.before
+
+
+class CloneView:
+    """u = p_after - p_before from a clone taken on logging steps only. Used for optimizers without
+    a state-aware view (LBFGS moves p several times per step, third-party optimizers, user
+    subclasses that override ``step``). Extra memory: one copy of every monitored parameter."""
+
+    def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned:
+        return Cloned(p.detach().clone())
+
+    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Cloned) -> Tensor:
+        return snapshot.update(p)
+
+
+CLONE = CloneView()
+"""The shared clone view."""

@@ -1,0 +1,73 @@
+"""SGD view (``torch/optim/sgd.py``, torch 2.13).
+
+torch's SGD, with ĝ = -grad under ``maximize`` else grad, lr γ, weight decay λ, momentum μ,
+dampening τ:
+
+    g' = ĝ + λ·p_b;   b ← μ·b + (1-τ)·g'  (b = g' at the first step);
+    d = g' + μ·b (nesterov) or b (momentum) or g' (no momentum);   p_a = p_b - γ·d
+
+Rebuild after the step, without p_b:
+
+* momentum, no nesterov: u = -γ·b (weight decay and dampening are already inside b);
+* otherwise p_b = (p_a + γ(ĝ + μ·b)) / (1 - γλ) solves g', so u = -γ(ĝ + λ·p_a + μ·b) / (1 - γλ)
+  (μ·b omitted without momentum); the divisor 1 - γλ is a constant, so this is well conditioned;
+* trap: ``_multi_tensor_sgd`` with nesterov, λ = 0 and not maximize adds μ·b into ``p.grad`` in
+  place, so after the step ``p.grad`` already holds d and u = -γ·p.grad. Which path ran is decided
+  exactly as ``torch.optim.sgd.sgd`` decides it.
+
+``differentiable=True`` may also rewrite ``p.grad`` in place: those parameters fall back to a clone.
+Source: ``torch/optim/sgd.py`` and ``shared/reference/update-formulas.md`` §SGD.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim.optimizer import _default_to_fused_or_foreach
+
+from .clone import Cloned
+
+
+def _scalar(x: float | Tensor) -> float:
+    return float(x) if isinstance(x, Tensor) else x
+
+
+def _dense(g: Tensor) -> Tensor:
+    return g.coalesce().to_dense() if g.is_sparse else g
+
+
+class SgdView:
+    """State-aware view for ``torch.optim.SGD`` (see the module docstring for the formulas)."""
+
+    def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
+        if group["differentiable"]:
+            return Cloned(p.detach().clone())
+        return None
+
+    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:
+        if p.grad is None:
+            return None
+        lr, momentum = _scalar(group["lr"]), group["momentum"]
+        if momentum != 0 and not group["nesterov"]:
+            return state["momentum_buffer"] * -lr
+        wd = _scalar(group["weight_decay"])
+        if group["nesterov"] and wd == 0 and not group["maximize"] and _ran_foreach(group):
+            return _dense(p.grad) * -lr
+        d = _dense(p.grad)
+        d = d.neg() if group["maximize"] else d.clone()
+        if wd != 0:
+            d.add_(p.detach(), alpha=wd)
+        if momentum != 0:
+            d.add_(state["momentum_buffer"], alpha=momentum)
+        return d.mul_(-lr / (1.0 - lr * wd))
+
+
+def _ran_foreach(group: dict[str, Any]) -> bool:
+    """Whether ``torch.optim.sgd.sgd`` took ``_multi_tensor_sgd`` for this group (same decision)."""
+    foreach, fused = group["foreach"], group["fused"]
+    if foreach is None and fused is None:
+        with_grad = [p for p in group["params"] if p.grad is not None]
+        fused, foreach = _default_to_fused_or_foreach(with_grad, differentiable=False, use_fused=False)
+    return bool(foreach) and not torch.jit.is_scripting()

@@ -1,0 +1,167 @@
+"""Every built-in optimizer and its main flags: logged figures equal a clone-based truth computed
+here, and the trajectory and state_dict() equal the plain optimizer's bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import models
+import truth
+from monitored_optim import Monitored, MonitorConfig
+
+O = torch.optim
+T = torch.tensor
+
+# (id, optimizer class, kwargs, problem factory)
+CASES = [
+    ("sgd", O.SGD, dict(lr=0.05), models.mlp),
+    ("sgd-wd", O.SGD, dict(lr=0.05, weight_decay=0.01), models.mlp),
+    ("sgd-momentum", O.SGD, dict(lr=0.05, momentum=0.9), models.mlp),
+    ("sgd-dampening", O.SGD, dict(lr=0.05, momentum=0.9, dampening=0.5, weight_decay=0.01), models.mlp),
+    ("sgd-nesterov", O.SGD, dict(lr=0.05, momentum=0.9, nesterov=True), models.mlp),
+    ("sgd-nesterov-wd", O.SGD, dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01), models.mlp),
+    ("sgd-nesterov-foreach", O.SGD, dict(lr=0.05, momentum=0.9, nesterov=True, foreach=True), models.mlp),
+    ("sgd-nesterov-foreach-wd", O.SGD, dict(lr=0.05, momentum=0.9, nesterov=True, foreach=True,
+                                            weight_decay=0.01), models.mlp),
+    ("sgd-nesterov-maximize-foreach", O.SGD, dict(lr=0.05, momentum=0.9, nesterov=True, maximize=True,
+                                                  foreach=True), models.mlp),
+    ("sgd-maximize-wd", O.SGD, dict(lr=0.05, momentum=0.9, weight_decay=0.01, maximize=True), models.mlp),
+    ("sgd-foreach", O.SGD, dict(lr=0.05, momentum=0.9, foreach=True), models.mlp),
+    ("sgd-fused", O.SGD, dict(lr=0.05, momentum=0.9, fused=True), models.mlp),
+    ("sgd-fused-nesterov", O.SGD, dict(lr=0.05, momentum=0.9, nesterov=True, fused=True), models.mlp),
+    ("sgd-tensor-lr", O.SGD, dict(lr=T(0.05), momentum=0.9), models.mlp),
+    ("sgd-tensor-lr-plain", O.SGD, dict(lr=T(0.05), weight_decay=0.01), models.mlp),
+    ("adam", O.Adam, dict(lr=1e-2), models.mlp),
+    ("adam-amsgrad", O.Adam, dict(lr=1e-2, amsgrad=True), models.mlp),
+    ("adam-l2", O.Adam, dict(lr=1e-2, weight_decay=0.1), models.mlp),
+    ("adam-decoupled", O.Adam, dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True), models.mlp),
+    ("adam-maximize", O.Adam, dict(lr=1e-2, maximize=True, amsgrad=True), models.mlp),
+    ("adam-foreach", O.Adam, dict(lr=1e-2, foreach=True, weight_decay=0.1), models.mlp),
+    ("adam-single", O.Adam, dict(lr=1e-2, foreach=False), models.mlp),
+    ("adam-fused", O.Adam, dict(lr=1e-2, fused=True, amsgrad=True), models.mlp),
+    ("adam-tensor-lr", O.Adam, dict(lr=T(1e-2), foreach=False), models.mlp),
+    ("adam-tensor-betas", O.Adam, dict(lr=1e-2, betas=(T(0.9), T(0.99)), foreach=False), models.mlp),
+    ("adamw", O.AdamW, dict(lr=1e-2), models.mlp),
+    ("adamw-amsgrad-wd", O.AdamW, dict(lr=1e-2, amsgrad=True, weight_decay=0.3), models.mlp),
+    ("adamw-foreach", O.AdamW, dict(lr=1e-2, foreach=True), models.mlp),
+    ("adamw-fused", O.AdamW, dict(lr=1e-2, fused=True), models.mlp),
+    ("adamw-tensor-lr", O.AdamW, dict(lr=T(1e-2), foreach=False), models.mlp),
+    ("adamax", O.Adamax, dict(lr=1e-2), models.mlp),
+    ("adamax-wd-maximize", O.Adamax, dict(lr=1e-2, weight_decay=0.1, maximize=True), models.mlp),
+    ("adamax-foreach", O.Adamax, dict(lr=1e-2, foreach=True), models.mlp),
+    ("adagrad", O.Adagrad, dict(lr=0.05), models.mlp),
+    ("adagrad-lr-decay", O.Adagrad, dict(lr=0.05, lr_decay=0.1, initial_accumulator_value=0.1), models.mlp),
+    ("adagrad-wd-foreach", O.Adagrad, dict(lr=0.05, weight_decay=0.1, foreach=True), models.mlp),
+    ("adagrad-fused", O.Adagrad, dict(lr=0.05, fused=True), models.mlp),
+    ("adadelta", O.Adadelta, dict(lr=1.0), models.mlp),
+    ("adadelta-wd-maximize", O.Adadelta, dict(lr=1.0, weight_decay=0.1, maximize=True), models.mlp),
+    ("adadelta-foreach", O.Adadelta, dict(lr=1.0, foreach=True), models.mlp),
+    ("rmsprop", O.RMSprop, dict(lr=1e-2), models.mlp),
+    ("rmsprop-centered", O.RMSprop, dict(lr=1e-2, centered=True), models.mlp),
+    ("rmsprop-momentum-wd", O.RMSprop, dict(lr=1e-2, momentum=0.9, centered=True, weight_decay=0.1), models.mlp),
+    ("rmsprop-foreach", O.RMSprop, dict(lr=1e-2, foreach=True, maximize=True), models.mlp),
+    ("rprop", O.Rprop, dict(lr=1e-2), models.mlp),
+    ("rprop-foreach-maximize", O.Rprop, dict(lr=1e-2, foreach=True, maximize=True), models.mlp),
+    ("nadam", O.NAdam, dict(lr=1e-2), models.mlp),
+    ("nadam-l2", O.NAdam, dict(lr=1e-2, weight_decay=0.1), models.mlp),
+    ("nadam-decoupled-foreach", O.NAdam, dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True,
+                                              foreach=True), models.mlp),
+    ("radam", O.RAdam, dict(lr=1e-2), models.mlp),
+    ("radam-decoupled", O.RAdam, dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True), models.mlp),
+    ("radam-foreach", O.RAdam, dict(lr=1e-2, foreach=True), models.mlp),
+    ("asgd", O.ASGD, dict(lr=1e-2), models.mlp),
+    ("asgd-wd-foreach", O.ASGD, dict(lr=1e-2, weight_decay=0.1, foreach=True), models.mlp),
+    ("sparse-adam", O.SparseAdam, dict(lr=1e-2), models.embeddings),
+    ("adafactor", O.Adafactor, dict(lr=1e-2), models.mlp),
+    ("adafactor-wd-foreach", O.Adafactor, dict(lr=1e-2, weight_decay=0.1, foreach=True), models.mlp),
+    ("muon", O.Muon, dict(lr=2e-2), lambda: models.mlp(bias=False)),
+    ("muon-no-nesterov", O.Muon, dict(lr=2e-2, nesterov=False, weight_decay=0.0), lambda: models.mlp(bias=False)),
+    ("lbfgs", O.LBFGS, dict(lr=0.5, max_iter=3), lambda: models.mlp(two_groups=False)),
+    ("lbfgs-wolfe", O.LBFGS, dict(lr=1.0, max_iter=4, line_search_fn="strong_wolfe"),
+     lambda: models.mlp(two_groups=False)),
+]
+
+STEPS = 4
+
+
+def _groups(problem, kwargs):
+    """Second group with half the lr (where the optimizer has a float lr) to prove per-group reads."""
+    groups = [{**g, "params": list(g["params"])} for g in problem.groups]
+    if len(groups) > 1 and isinstance(kwargs.get("lr"), float):
+        groups[1] = {**groups[1], "lr": kwargs["lr"] / 2}
+    return groups
+
+
+def train(cls, kwargs, factory, monitor=None, check=None):
+    """Run STEPS steps; with ``check``, compare each step's logged figures against the clone truth."""
+    problem = factory()
+    extra = {} if monitor is None else {"monitor": monitor}
+    opt = cls(_groups(problem, dict(kwargs)), **{k: (v.clone() if isinstance(v, torch.Tensor) else v)
+                                                  for k, v in kwargs.items()}, **extra)
+    closure_based = issubclass(cls, O.LBFGS)
+    for i in range(STEPS):
+        def closure(i=i):
+            opt.zero_grad()
+            loss = problem.loss(i)
+            loss.backward()
+            return loss
+        closure()
+        before, grads = truth.snapshot(problem.named)
+        if closure_based:
+            opt.step(closure)
+        else:
+            opt.step()
+        if check is not None:
+            check(opt, truth.figures(problem.named, before, grads))
+    return problem, opt
+
+
+@pytest.mark.parametrize("cid,cls,kwargs,factory", CASES, ids=[c[0] for c in CASES])
+def test_figures_equal_clone_truth_and_trajectory_is_bitwise(cid, cls, kwargs, factory, tmp_path):
+    seen = []
+
+    def check(opt, expected):
+        truth.assert_figures_match(opt.monitor.latest, expected)
+        for i, group in enumerate(opt.param_groups):
+            assert opt.monitor.latest[f"lr/group{i}"] == pytest.approx(float(group["lr"]), rel=1e-12)
+        seen.append(opt.monitor.step)
+
+    plain_problem, plain = train(cls, kwargs, factory)
+    mon_problem, mon = train(Monitored(cls), kwargs, factory,
+                             monitor=MonitorConfig(backend="none", logdir=tmp_path), check=check)
+    assert seen == list(range(1, STEPS + 1))
+    for (name, a), (_, b) in zip(plain_problem.named, mon_problem.named):
+        assert torch.equal(a, b), name
+    assert_state_dicts_equal(plain.state_dict(), mon.state_dict())
+
+
+def assert_state_dicts_equal(a, b):
+    """Bitwise equality of two optimizer state dicts (tensors by torch.equal, the rest by ==)."""
+    assert a["param_groups"] == b["param_groups"] or _groups_equal(a["param_groups"], b["param_groups"])
+    assert a["state"].keys() == b["state"].keys()
+    for k in a["state"]:
+        _assert_equal(a["state"][k], b["state"][k])
+
+
+def _groups_equal(ga, gb):
+    for x, y in zip(ga, gb, strict=True):
+        assert x.keys() == y.keys()
+        for k in x:
+            _assert_equal(x[k], y[k])
+    return True
+
+
+def _assert_equal(x, y):
+    if isinstance(x, torch.Tensor):
+        assert isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
+    elif isinstance(x, dict):
+        assert x.keys() == y.keys()
+        for k in x:
+            _assert_equal(x[k], y[k])
+    elif isinstance(x, (list, tuple)):
+        assert len(x) == len(y)
+        for xi, yi in zip(x, y):
+            _assert_equal(xi, yi)
+    else:
+        assert x == y
