@@ -93,12 +93,16 @@ class Monitor:
             given = group.get("param_names")
             names.append(list(given) if given else [f"param{k + i}" for i in range(len(group["params"]))])
             k += len(group["params"])
+        return names
+
+    def warn_if_unnamed(self, optimizer: torch.optim.Optimizer, stacklevel: int) -> None:
+        """Warn once if a param group has no ``param_names``: figures then use ``param{k}`` names."""
         if not self._warned_unnamed and any(not g.get("param_names") for g in optimizer.param_groups):
             self._warned_unnamed = True
             warnings.warn("monitored_optim: the optimizer's parameters have no names, so figures are "
                           "logged as param0, param1, ...; pass model.named_parameters() (or param groups "
-                          "whose 'params' are (name, tensor) pairs) to log them by name", stacklevel=4)
-        return names
+                          "whose 'params' are (name, tensor) pairs) to log them by name",
+                          stacklevel=stacklevel + 1)
 
     @torch.no_grad()
     def _before(self, optimizer: torch.optim.Optimizer) -> list[_Entry]:

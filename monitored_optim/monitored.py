@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copyreg
 import inspect
 import threading
 from typing import Any, TypeVar
@@ -15,6 +16,7 @@ from .updates import raw_step
 O = TypeVar("O", bound=type)
 
 _CACHE: dict[type, type] = {}
+_METACLASSES: dict[type, type] = {}
 _LOCK = threading.Lock()
 
 
@@ -61,6 +63,7 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
         built = Monitor(monitor, base)  # bad configuration fails before any optimizer work
         base.__init__(self, *args, **kwargs)
         self._monitor = built
+        built.warn_if_unnamed(self, stacklevel=2)
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
         return self.monitor.run(self, raw_step(base), args, kwargs)
@@ -94,7 +97,24 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
         "__doc__": f"{base.__name__} whose step() is monitored (see monitored_optim.Monitored).\n\n"
                    f"{base.__doc__ or ''}",
     }
-    return type(base)(name, (base,), namespace)
+    return _metaclass(type(base))(name, (base,), namespace)
+
+
+def _metaclass(meta: type) -> type:
+    """A subclass of the base's metaclass whose classes pickle as ``Monitored(base)``.
+
+    pickle stores a class as ``module.qualname``; a generated class has no such address, so
+    ``copyreg`` reduces it to the call that rebuilds it, and the cache returns the same object.
+    """
+    if meta not in _METACLASSES:
+        sub = type(f"Monitored{meta.__name__}", (meta,), {"__module__": __name__})
+        copyreg.pickle(sub, _reduce_class)
+        _METACLASSES[meta] = sub
+    return _METACLASSES[meta]
+
+
+def _reduce_class(cls: type) -> tuple[Any, tuple[type]]:
+    return Monitored, (vars(cls)["_monitored_base"],)
 
 
 def _with_monitor_kwarg(init: Any) -> inspect.Signature | None:
