@@ -111,10 +111,11 @@ def _parse_backends(value: str | Sequence[str], source: str) -> tuple[str, ...]:
     names = [n.strip().lower() for n in names]
     if names == ["none"]:
         return ()
+    if "none" in names:
+        raise ValueError(f"{source}={value!r} combines 'none' with other backends: expected {allowed}")
     bad = [n for n in names if n not in BACKENDS]
-    if bad or not names:
-        raise ValueError(f"{source}={value!r} is not a valid backend ({bad[0]!r} is unknown): expected {allowed}"
-                         if bad else f"{source}={value!r} names no backend: expected {allowed}")
+    if bad:
+        raise ValueError(f"{source}={value!r} is not a valid backend ({bad[0]!r} is unknown): expected {allowed}")
     return tuple(dict.fromkeys(names))
 
 
