@@ -1,0 +1,89 @@
+"""Train a small MLP on scikit-learn's bundled handwritten digits with a monitored AdamW.
+
+    python examples/digits.py            # logs to TensorBoard under runs/ (the default backend)
+    MONITORED_OPTIM_BACKEND=jsonl python examples/digits.py
+
+The only change from a plain PyTorch loop is ``Monitored(torch.optim.AdamW)``. At the end it prints
+each layer's latest update-to-data ratio, log10(std(update) / std(weights)), and marks layers
+outside the healthy band [-4, -2] around Karpathy's rule of thumb of -3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import OrderedDict
+
+import torch
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+from torch import nn
+from tqdm import tqdm
+
+from monitored_optim import Monitored
+
+HEALTHY = (-4.0, -2.0)
+
+
+def data(seed: int):
+    """The 1,797 8x8 digit images as float32 features in [0, 1] and int64 labels, split 80/20."""
+    x, y = load_digits(return_X_y=True)
+    x_tr, x_te, y_tr, y_te = train_test_split(x / 16.0, y, test_size=0.2, random_state=seed, stratify=y)
+    as_t = lambda a, dt: torch.tensor(a, dtype=dt)  # noqa: E731
+    return as_t(x_tr, torch.float32), as_t(y_tr, torch.int64), as_t(x_te, torch.float32), as_t(y_te, torch.int64)
+
+
+def model() -> nn.Module:
+    return nn.Sequential(OrderedDict(fc1=nn.Linear(64, 128), act1=nn.ReLU(), fc2=nn.Linear(128, 64),
+                                     act2=nn.ReLU(), head=nn.Linear(64, 10)))
+
+
+def ratio_table(latest: dict[str, float]) -> str:
+    """One row per parameter: its update-to-data ratio and a mark when outside the healthy band."""
+    rows = [(tag.split("/", 1)[1], value) for tag, value in latest.items() if tag.startswith("update_to_data/")]
+    width = max([len("parameter")] + [len(name) for name, _ in rows])
+    lines = [f"{'parameter':<{width}}  update_to_data", f"{'-' * width}  --------------"]
+    for name, value in rows:
+        mark = "" if HEALTHY[0] <= value <= HEALTHY[1] else ("  <- barely moves" if value < HEALTHY[0] else "  <- thrashing")
+        lines.append(f"{name:<{width}}  {value:>14.2f}{mark}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    torch.manual_seed(args.seed)
+    x_tr, y_tr, x_te, y_te = data(args.seed)
+    net = model()
+    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), lr=args.lr, weight_decay=1e-2)
+    loss_fn = nn.CrossEntropyLoss()
+    start = time.perf_counter()
+    bar = tqdm(range(args.epochs), desc="epochs", unit="epoch")
+    for _ in bar:
+        for idx in torch.randperm(len(x_tr)).split(args.batch_size):
+            loss = loss_fn(net(x_tr[idx]), y_tr[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}", step=opt.monitor.step)
+    with torch.no_grad():
+        accuracy = (net(x_te).argmax(1) == y_te).float().mean().item()
+    opt.monitor.close()
+
+    print(f"\n{opt.monitor.step} optimizer steps in {time.perf_counter() - start:.1f} s, "
+          f"test accuracy {accuracy:.3f}")
+    print(f"\nUpdate-to-data ratio at step {opt.monitor.step} (healthy near -3, band {list(HEALTHY)}):")
+    print(ratio_table(opt.monitor.latest))
+    backends = ", ".join(opt.monitor.settings.backends) or "none"
+    print(f"\nFigures logged to: {backends} in {opt.monitor.settings.logdir}")
+    if "tensorboard" in opt.monitor.settings.backends:
+        print(f"Open them with: tensorboard --logdir {opt.monitor.settings.logdir.parent}")
+
+
+if __name__ == "__main__":
+    main()

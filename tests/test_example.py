@@ -1,0 +1,26 @@
+"""The main job runs end to end: examples/digits.py trains, logs, and prints the ratio table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits.py"
+
+
+def test_digits_example_trains_logs_and_prints_the_table(tmp_path):
+    env = {**os.environ, "MONITORED_OPTIM_BACKEND": "jsonl,tensorboard", "MONITORED_OPTIM_LOGDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, str(EXAMPLE), "--epochs", "3"], env=env, capture_output=True,
+                         text=True, timeout=300, check=True).stdout
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 3 * 23 + 1))  # 1,437 training images / 64 per batch
+    last = rows[-1]
+    for name in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "head.weight", "head.bias"):
+        line = next(line for line in out.splitlines() if line.startswith(name + " "))
+        assert float(line.split()[1]) == round(last[f"update_to_data/{name}"], 2)
+    accuracy = float(out.split("test accuracy ")[1].split()[0])
+    assert accuracy > 0.8
+    assert any(p.name.startswith("events.out.tfevents") for p in tmp_path.iterdir())
