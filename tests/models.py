@@ -43,11 +43,11 @@ def mlp(dtype=torch.float32, bias=True, two_groups=True, group_overrides=None) -
     return Problem(model, groups, loss)
 
 
-def embeddings() -> Problem:
+def embeddings(dtype=torch.float32) -> Problem:
     """Two sparse embeddings (sparse grads, for SparseAdam) and an unused one."""
     torch.manual_seed(0)
     model = nn.ModuleDict({"emb": nn.Embedding(20, 5, sparse=True), "emb2": nn.Embedding(10, 5, sparse=True),
-                           "unused": nn.Embedding(4, 5, sparse=True)})
+                           "unused": nn.Embedding(4, 5, sparse=True)}).to(dtype)
     idx = torch.randint(0, 10, (8, 12))
     named = list(model.named_parameters())
     groups = [{"params": named[:1]}, {"params": named[1:], "lr": 5e-3}]

@@ -46,6 +46,14 @@ def train(backend: str, logdir: Path, steps: int = 6, every: int = 2):
     return opt
 
 
+def offline_run(root: Path) -> Path:
+    """The one offline run under ``root``, after shutting wandb's service down so its file is complete
+    (``run.finish()`` can return before wandb-core has written the transaction log)."""
+    wandb.teardown()
+    (run_dir,) = (root / "wandb").glob("offline-run-*")
+    return run_dir
+
+
 def assert_same(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], rel: float) -> None:
     assert a.keys() == b.keys()
     for step in a:
@@ -65,8 +73,7 @@ def test_tensorboard_and_wandb_agree_with_jsonl(tmp_path):
     assert "update_to_data/unused.weight" not in latest and "grad_norm/unused.weight" not in latest
     assert latest["update_norm/unused.weight"] == 0.0
     assert_same(jsonl, read_tensorboard(tmp_path / "run"), rel=1e-6)  # event files hold float32
-    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
-    assert_same(jsonl, read_history(run_dir), rel=1e-12)
+    assert_same(jsonl, read_history(offline_run(tmp_path)), rel=1e-12)
 
 
 def test_active_wandb_run_is_reused_and_left_open(tmp_path):
@@ -79,8 +86,7 @@ def test_active_wandb_run_is_reused_and_left_open(tmp_path):
         run.log({"user/loss": 0.5}, step=5)
     finally:
         run.finish()
-    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
-    history = read_history(run_dir)
+    history = read_history(offline_run(tmp_path))
     assert sorted(history) == [1, 2, 3, 4, 5]
     assert history[1]["user/loss"] == 1.0 and "global/update_norm" in history[1]
     assert history[5] == {"user/loss": 0.5}
