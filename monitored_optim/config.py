@@ -20,6 +20,7 @@ BACKENDS = ("tensorboard", "wandb", "jsonl")
 ENV_BACKEND = "MONITORED_OPTIM_BACKEND"
 ENV_LOGDIR = "MONITORED_OPTIM_LOGDIR"
 ENV_EVERY = "MONITORED_OPTIM_EVERY"
+ENV_STRICT = "MONITORED_OPTIM_STRICT"
 DEFAULT_BACKEND = "tensorboard"
 DEFAULT_EVERY = 1
 
@@ -39,6 +40,12 @@ class MonitorConfig:
             working directory. Environment: ``MONITORED_OPTIM_LOGDIR``.
         every: log on optimizer steps where ``step % every == 0`` (int >= 1, default 1; the first
             step is step 1). Environment: ``MONITORED_OPTIM_EVERY``.
+        prefix: prepended as ``"{prefix}/"`` to every tag, so that several optimizers (a GAN's
+            generator and discriminator) can share a log directory and a W&B run. Letters, digits,
+            ``_ . -`` only; default none.
+        strict: ``True`` raises when a backend fails at run time; ``False`` (default) warns once
+            naming the backend and the error, stops using that backend and keeps training.
+            Environment: ``MONITORED_OPTIM_STRICT`` (``1``/``true``/``yes`` or ``0``/``false``/``no``).
 
     Raises:
         ValueError: from :func:`resolve` (at optimizer construction) for a value outside the
@@ -48,15 +55,20 @@ class MonitorConfig:
     backend: str | Sequence[str] | None = None
     logdir: str | os.PathLike[str] | None = None
     every: int | None = None
+    prefix: str | None = None
+    strict: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """A checked configuration: backend names (possibly empty), the log directory and the period."""
+    """A checked configuration: backend names (possibly empty), log directory, period, tag prefix
+    (``""`` or ending in ``/``) and strictness."""
 
     backends: tuple[str, ...]
     logdir: Path
     every: int
+    prefix: str = ""
+    strict: bool = False
 
 
 def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = None) -> Settings:
@@ -82,10 +94,13 @@ def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = No
     backend, backend_src = _pick(config.backend, "MonitorConfig.backend", env, ENV_BACKEND)
     logdir, _ = _pick(config.logdir, "MonitorConfig.logdir", env, ENV_LOGDIR)
     every, every_src = _pick(config.every, "MonitorConfig.every", env, ENV_EVERY)
+    strict, strict_src = _pick(config.strict, "MonitorConfig.strict", env, ENV_STRICT)
     return Settings(
         backends=_parse_backends(DEFAULT_BACKEND if backend is None else backend, backend_src),
         logdir=Path(logdir) if logdir is not None else default_logdir(),
         every=DEFAULT_EVERY if every is None else _parse_every(every, every_src),
+        prefix=_parse_prefix(config.prefix),
+        strict=False if strict is None else _parse_flag(strict, strict_src),
     )
 
 
@@ -132,3 +147,24 @@ def _parse_every(value: int | str, source: str) -> int:
     if every is None or every < 1:
         raise ValueError(f"{source}={value!r} is not a valid logging period: expected an integer >= 1")
     return every
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _parse_flag(value: bool | str, source: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE + _FALSE:
+        return text in _TRUE
+    raise ValueError(f"{source}={value!r} is not a valid flag: expected one of {', '.join(_TRUE + _FALSE)}")
+
+
+def _parse_prefix(value: str | None) -> str:
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str) or not all(c.isalnum() or c in "_.-" for c in value):
+        raise ValueError(f"MonitorConfig.prefix={value!r} is not a valid tag prefix: "
+                         "expected letters, digits, '_', '.' or '-'")
+    return value + "/"

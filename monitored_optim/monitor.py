@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from . import stats
-from .backends import Backend, open_backend
+from .backends import Fanout
 from .config import MonitorConfig, Settings, resolve
 from .updates import Cloned, View, view_for
 
@@ -57,10 +57,11 @@ class Monitor:
         self.config = config
         self.settings: Settings = resolve(config)
         _check_installed(self.settings.backends)
+        _make_logdir(self.settings)
         self.view: View = view_for(optimizer_cls)
         self.step = 0
         self.latest: dict[str, float] = {}
-        self._backends: list[Backend] | None = None
+        self._backends = Fanout(self.settings.backends, self.settings.logdir, self.settings.strict)
         self._warned_unnamed = False
 
     def run(self, optimizer: torch.optim.Optimizer, step_fn: Callable[..., Any],
@@ -82,9 +83,7 @@ class Monitor:
 
     def close(self) -> None:
         """Flush and close every backend (idempotent; also run at interpreter exit)."""
-        backends, self._backends = self._backends or [], None
-        for backend in backends:
-            backend.close()
+        self._backends.close()
         _OPEN.discard(self)
 
     def _names(self, optimizer: torch.optim.Optimizer) -> list[list[str]]:
@@ -140,12 +139,10 @@ class Monitor:
         return {tag: value for tag, value in figures.items() if math.isfinite(value)}
 
     def _log(self, figures: dict[str, float]) -> None:
-        self.latest = figures
-        if self._backends is None:
-            self._backends = [open_backend(name, self.settings.logdir) for name in self.settings.backends]
-            _OPEN.add(self)
-        for backend in self._backends:
-            backend.log(figures, self.step)
+        prefix = self.settings.prefix
+        self.latest = {prefix + tag: value for tag, value in figures.items()} if prefix else figures
+        _OPEN.add(self)
+        self._backends.log(self.latest, self.step)
 
 
 def _parameter_figures(name: str, p: stats.Moments, g: stats.Moments | None, u: stats.Moments) -> dict[str, float]:
@@ -193,6 +190,18 @@ def _record_grads_after_closure(entries: list[_Entry], args: tuple[Any, ...],
     if in_kwargs:
         return args, {**kwargs, "closure": wrapped}
     return (wrapped, *args[1:]), kwargs
+
+
+def _make_logdir(settings: Settings) -> None:
+    """Create the log directory now when a file backend will write there, so that a bad path fails
+    at construction rather than at the first logging step."""
+    if not {"tensorboard", "jsonl"} & set(settings.backends):
+        return
+    try:
+        settings.logdir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OSError(f"monitored_optim cannot create the log directory {str(settings.logdir)!r}: "
+                      f"{err.strerror or err}") from err
 
 
 def _check_installed(backends: tuple[str, ...]) -> None:

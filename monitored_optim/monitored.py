@@ -75,10 +75,25 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        # Unpickling passes what __getstate__ saved; torch's load_state_dict also calls
+        # __setstate__ (with state and param_groups only), which must keep the running monitor.
+        saved = "_monitor_config" in state
         config, count = state.pop("_monitor_config", None), state.pop("_monitor_step", 0)
         base.__setstate__(self, state)
-        self._monitor = Monitor(config, base)
-        self._monitor.step = count
+        if saved:
+            self._monitor = Monitor(config, base)
+            self._monitor.step = count
+
+    def state_dict(self) -> dict[str, Any]:
+        sd = base.state_dict(self)
+        sd["monitor"] = {"step": self.monitor.step}
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        saved = state_dict.pop("monitor", None)
+        base.load_state_dict(self, state_dict)
+        self.monitor.step = int(saved["step"]) if saved else _step_from_state(self, self.monitor.step)
 
     @property
     def monitor(self) -> Monitor:
@@ -89,9 +104,15 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
     __init__.__doc__ = base.__init__.__doc__
     step.__signature__ = inspect.signature(raw_step(base))  # type: ignore[attr-defined]
     step.__doc__ = raw_step(base).__doc__
+    state_dict.__doc__ = (f"{base.__name__}.state_dict() plus ``'monitor': {{'step': N}}``, the monitor's step "
+                          f"count (ignored by the plain class's load_state_dict).")
+    load_state_dict.__doc__ = ("Load a state dict of this class or of the plain base class; the monitor's "
+                               "step count continues from the saved one (from the optimizer's own "
+                               "``state[p]['step']`` when the plain class saved it).")
     name = f"Monitored{base.__name__}"
     namespace = {
         "__init__": __init__, "step": step, "monitor": monitor,
+        "state_dict": state_dict, "load_state_dict": load_state_dict,
         "__getstate__": __getstate__, "__setstate__": __setstate__,
         "_monitored_base": base, "__module__": __name__, "__qualname__": name,
         "__doc__": f"{base.__name__} whose step() is monitored (see monitored_optim.Monitored).\n\n"
@@ -115,6 +136,12 @@ def _metaclass(meta: type) -> type:
 
 def _reduce_class(cls: type) -> tuple[Any, tuple[type]]:
     return Monitored, (vars(cls)["_monitored_base"],)
+
+
+def _step_from_state(optimizer: torch.optim.Optimizer, default: int) -> int:
+    """The largest ``state[p]['step']`` (Adam and most others count steps there), else ``default``."""
+    steps = [int(s["step"]) for s in optimizer.state.values() if isinstance(s, dict) and "step" in s]
+    return max(steps) if steps else default
 
 
 def _with_monitor_kwarg(init: Any) -> inspect.Signature | None:

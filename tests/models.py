@@ -14,11 +14,16 @@ class Problem:
     """A model, its named param groups for the optimizer, and a loss function of a batch index."""
 
     model: nn.Module
-    groups: list[dict[str, Any]]
+    specs: list[dict[str, Any]]
     loss: Callable[[int], torch.Tensor]
 
     def __post_init__(self):
-        self.named = [(n, p) for g in self.groups for n, p in g["params"]]
+        self.named = [(n, p) for g in self.specs for n, p in g["params"]]
+
+    @property
+    def groups(self) -> list[dict[str, Any]]:
+        """Fresh copies of the named param groups (torch rewrites the dicts it is given)."""
+        return [{**g, "params": list(g["params"])} for g in self.specs]
 
 
 def mlp(dtype=torch.float32, bias=True, two_groups=True, group_overrides=None) -> Problem:

@@ -7,8 +7,11 @@ that is the x axis. Modelled on torchtitan's ``BaseLogger.log(metrics, step)`` /
 
 from __future__ import annotations
 
+import itertools
+import os
+import warnings
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Callable, Protocol
 
 
 class Backend(Protocol):
@@ -31,7 +34,7 @@ def open_backend(name: str, logdir: Path) -> Backend:
     if name == "tensorboard":
         from .tensorboard import TensorBoardBackend
 
-        return TensorBoardBackend(logdir)
+        return TensorBoardBackend(logdir, filename_suffix=f".{os.getpid()}.{next(_WRITERS)}")
     if name == "wandb":
         from .wandb import WandbBackend
 
@@ -41,3 +44,56 @@ def open_backend(name: str, logdir: Path) -> Backend:
 
         return JsonlBackend(logdir)
     raise ValueError(f"unknown backend {name!r}")
+
+
+_WRITERS = itertools.count()
+"""Numbers the event files of one process: two writers in one logdir never share a file."""
+
+
+class Fanout:
+    """The backends of one monitor: opened at the first ``log``, each guarded against failure.
+
+    A backend that raises (in its constructor, ``log`` or ``close``) is reported once with
+    ``warnings.warn`` naming it and the error, then dropped, and training goes on; with
+    ``strict=True`` the exception propagates instead.
+
+    Args:
+        names: backend names from ``config.BACKENDS`` (may be empty).
+        logdir: directory for file-based backends.
+        strict: raise instead of warning and dropping.
+    """
+
+    def __init__(self, names: tuple[str, ...], logdir: Path, strict: bool) -> None:
+        self.names, self.logdir, self.strict = names, logdir, strict
+        self._open: dict[str, Backend] | None = None
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """Send ``metrics`` at ``step`` to every working backend, opening them the first time."""
+        if self._open is None:
+            opened = {name: self._guard(name, open_backend, name, self.logdir) for name in self.names}
+            self._open = {name: backend for name, backend in opened.items() if backend is not _FAILED}
+        for name, backend in list(self._open.items()):
+            if self._guard(name, backend.log, metrics, step) is _FAILED:
+                del self._open[name]
+
+    def close(self) -> None:
+        """Close every open backend (idempotent); a later ``log`` opens them again."""
+        backends, self._open = self._open or {}, None
+        for name, backend in backends.items():
+            self._guard(name, backend.close)
+
+    def _guard(self, name: str, action: Callable[..., Any], *args: Any) -> Any:
+        """``action(*args)``, or :data:`_FAILED` after warning (``strict``: the exception propagates)."""
+        try:
+            return action(*args)
+        except Exception as err:
+            if self.strict:
+                raise
+            warnings.warn(f"monitored_optim: the {name} backend failed and is disabled for the rest of "
+                          f"this run ({type(err).__name__}: {err}); training continues", RuntimeWarning,
+                          stacklevel=2)
+            return _FAILED
+
+
+_FAILED = object()
+"""What :meth:`Fanout._guard` returns for a failed action."""

@@ -14,8 +14,8 @@ class TensorBoardBackend:
     writes an event file that ``tensorboard --logdir runs`` shows.
     """
 
-    def __init__(self, logdir: Path) -> None:
-        self._writer = SummaryWriter(logdir=str(logdir))
+    def __init__(self, logdir: Path, filename_suffix: str = "") -> None:
+        self._writer = SummaryWriter(logdir=str(logdir), filename_suffix=filename_suffix)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for tag, value in metrics.items():
