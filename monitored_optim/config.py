@@ -13,6 +13,7 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 BACKENDS = ("tensorboard", "wandb", "jsonl")
 """Backend names accepted in ``MonitorConfig.backend`` and ``MONITORED_OPTIM_BACKEND`` (plus ``none``)."""
@@ -21,6 +22,7 @@ ENV_BACKEND = "MONITORED_OPTIM_BACKEND"
 ENV_LOGDIR = "MONITORED_OPTIM_LOGDIR"
 ENV_EVERY = "MONITORED_OPTIM_EVERY"
 ENV_STRICT = "MONITORED_OPTIM_STRICT"
+ENV_VERIFY = "MONITORED_OPTIM_VERIFY"
 DEFAULT_BACKEND = "tensorboard"
 DEFAULT_EVERY = 1
 
@@ -46,6 +48,13 @@ class MonitorConfig:
         strict: ``True`` raises when a backend fails at run time; ``False`` (default) warns once
             naming the backend and the error, stops using that backend and keeps training.
             Environment: ``MONITORED_OPTIM_STRICT`` (``1``/``true``/``yes`` or ``0``/``false``/``no``).
+        verify: ``True`` also clones every parameter on logging steps, compares the state-aware
+            update with the clone's, logs ``verify/max_rel_error`` and warns naming any parameter
+            beyond tolerance. Run it once after upgrading torch. Environment:
+            ``MONITORED_OPTIM_VERIFY``; default off.
+        model: a ``torch.nn.Module`` to watch: each of its trainable parameters that no param
+            group contains is warned about once (same as ``opt.monitor.watch(model)``). Not saved
+            when the optimizer is pickled.
 
     Raises:
         ValueError: from :func:`resolve` (at optimizer construction) for a value outside the
@@ -57,6 +66,8 @@ class MonitorConfig:
     every: int | None = None
     prefix: str | None = None
     strict: bool | None = None
+    verify: bool | None = None
+    model: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +80,7 @@ class Settings:
     every: int
     prefix: str = ""
     strict: bool = False
+    verify: bool = False
 
 
 def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = None) -> Settings:
@@ -95,12 +107,14 @@ def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = No
     logdir, _ = _pick(config.logdir, "MonitorConfig.logdir", env, ENV_LOGDIR)
     every, every_src = _pick(config.every, "MonitorConfig.every", env, ENV_EVERY)
     strict, strict_src = _pick(config.strict, "MonitorConfig.strict", env, ENV_STRICT)
+    verify, verify_src = _pick(config.verify, "MonitorConfig.verify", env, ENV_VERIFY)
     return Settings(
         backends=_parse_backends(DEFAULT_BACKEND if backend is None else backend, backend_src),
         logdir=Path(logdir) if logdir is not None else default_logdir(),
         every=DEFAULT_EVERY if every is None else _parse_every(every, every_src),
         prefix=_parse_prefix(config.prefix),
         strict=False if strict is None else _parse_flag(strict, strict_src),
+        verify=False if verify is None else _parse_flag(verify, verify_src),
     )
 
 

@@ -3,7 +3,8 @@
 Flow of one ``step()`` (see ``DESIGN.md``): a non-logging step calls the base step and counts it,
 nothing else. A logging step reduces p_before and the grad to moments, lets the update view
 snapshot what it needs, calls the base step once, rebuilds each update u, reduces it to moments,
-copies the moments to the host once, derives the figures and hands them to the backends.
+copies everything to the host at once, derives the figures and the health counts and hands them
+to the backends.
 """
 
 from __future__ import annotations
@@ -13,28 +14,34 @@ import math
 import warnings
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from . import stats
+from . import amp, stats
 from .backends import Fanout
 from .config import MonitorConfig, Settings, resolve
+from .health import Health, ParamHealth
 from .updates import Cloned, View, view_for
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+VERIFY_RTOL = 1e-3
+"""Verify mode's tolerance: ``||u_view - u_clone|| <= VERIFY_RTOL * ||u_clone|| + eps * ||p||``, the
+second term being the rounding of the stored parameter that the clone-based truth itself carries."""
 
 
 @dataclass
 class _Entry:
-    """One monitored parameter on a logging step: device moments and the view's snapshot."""
+    """One monitored parameter on a logging step: its device-side pieces and the view's snapshot."""
 
     name: str
     group: dict[str, Any]
     p: Tensor
-    p_row: Tensor
-    grad_row: Tensor | None
     snapshot: Any
+    pieces: dict[str, Tensor] = field(default_factory=dict)
+    clone: Tensor | None = None
 
 
 class Monitor:
@@ -43,14 +50,16 @@ class Monitor:
     Reached as ``opt.monitor`` on a ``Monitored(...)`` optimizer; users do not build it.
 
     Attributes:
-        step: optimizer steps completed (int; the first ``step()`` makes it 1). The x axis of every
-            logged figure.
+        step: optimizer steps completed (int; the first ``step()`` makes it 1; AMP-skipped steps do
+            not count). The x axis of every logged figure.
         latest: ``dict[str, float]``, tag -> value of the last logging step (empty before it).
         settings: the checked :class:`~monitored_optim.config.Settings`.
+        health: the :class:`~monitored_optim.health.Health` tracker (``health.skipped_steps``).
 
     Raises:
         ValueError, TypeError: from :func:`~monitored_optim.config.resolve` for bad configuration;
-        ImportError: a requested backend's package is not installed.
+        ImportError: a requested backend's package is not installed;
+        OSError: the log directory of a file backend cannot be created.
     """
 
     def __init__(self, config: MonitorConfig | None, optimizer_cls: type[torch.optim.Optimizer]) -> None:
@@ -60,9 +69,43 @@ class Monitor:
         _make_logdir(self.settings)
         self.view: View = view_for(optimizer_cls)
         self.step = 0
+        self.base_calls = 0
         self.latest: dict[str, float] = {}
+        self.health = Health()
         self._backends = Fanout(self.settings.backends, self.settings.logdir, self.settings.strict)
+        self._optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None
+        self._watched: list[weakref.ref[torch.nn.Module]] = []
         self._warned_unnamed = False
+        amp.install()
+
+    def attach(self, optimizer: torch.optim.Optimizer, stacklevel: int) -> None:
+        """Bind to the optimizer once it is built: warn about unnamed parameters, watch ``config.model``."""
+        self._optimizer = weakref.ref(optimizer)
+        if not self._warned_unnamed and any(not g.get("param_names") for g in optimizer.param_groups):
+            self._warned_unnamed = True
+            warnings.warn("monitored_optim: the optimizer's parameters have no names, so figures are "
+                          "logged as param0, param1, ...; pass model.named_parameters() (or param groups "
+                          "whose 'params' are (name, tensor) pairs) to log them by name",
+                          stacklevel=stacklevel + 1)
+        if self.config is not None and self.config.model is not None:
+            self.watch(self.config.model)
+
+    def watch(self, model: torch.nn.Module) -> list[str]:
+        """Warn once about each trainable parameter of ``model`` that no param group holds.
+
+        Checked now and again at every logging step (param groups can be added later).
+
+        Returns:
+            The names of the trainable parameters of ``model`` missing from the optimizer now.
+
+        Raises:
+            TypeError: ``model`` is not a ``torch.nn.Module``.
+        """
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"watch() expects a torch.nn.Module, got {type(model).__name__}")
+        self._watched.append(weakref.ref(model))
+        optimizer = self._optimizer()
+        return self.health.check_watched(model, optimizer) if optimizer is not None else []
 
     def run(self, optimizer: torch.optim.Optimizer, step_fn: Callable[..., Any],
             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -70,12 +113,19 @@ class Monitor:
 
         Returns what the base step returns (the closure's loss, if any).
         """
+        found_inf = getattr(optimizer, "found_inf", None)
+        if found_inf is not None and bool(found_inf):  # a fused optimizer under GradScaler, skipped
+            self.base_calls += 1
+            self.health.skipped_steps += 1
+            return step_fn(optimizer, *args, **kwargs)
         if (self.step + 1) % self.settings.every:
+            self.base_calls += 1
             out = step_fn(optimizer, *args, **kwargs)
             self.step += 1
             return out
-        entries = self._before(optimizer)
+        entries = self._before(optimizer, getattr(optimizer, "grad_scale", None))
         args, kwargs = _record_grads_after_closure(entries, args, kwargs)
+        self.base_calls += 1
         out = step_fn(optimizer, *args, **kwargs)
         self.step += 1
         self._log(self._figures(optimizer, entries))
@@ -86,63 +136,119 @@ class Monitor:
         self._backends.close()
         _OPEN.discard(self)
 
-    def _names(self, optimizer: torch.optim.Optimizer) -> list[list[str]]:
-        names, k = [], 0
-        for group in optimizer.param_groups:
-            given = group.get("param_names")
-            names.append(list(given) if given else [f"param{k + i}" for i in range(len(group["params"]))])
-            k += len(group["params"])
-        return names
-
-    def warn_if_unnamed(self, optimizer: torch.optim.Optimizer, stacklevel: int) -> None:
-        """Warn once if a param group has no ``param_names``: figures then use ``param{k}`` names."""
-        if not self._warned_unnamed and any(not g.get("param_names") for g in optimizer.param_groups):
-            self._warned_unnamed = True
-            warnings.warn("monitored_optim: the optimizer's parameters have no names, so figures are "
-                          "logged as param0, param1, ...; pass model.named_parameters() (or param groups "
-                          "whose 'params' are (name, tensor) pairs) to log them by name",
-                          stacklevel=stacklevel + 1)
-
     @torch.no_grad()
-    def _before(self, optimizer: torch.optim.Optimizer) -> list[_Entry]:
+    def _before(self, optimizer: torch.optim.Optimizer, grad_scale: Tensor | None) -> list[_Entry]:
         entries = []
-        for group, names in zip(optimizer.param_groups, self._names(optimizer)):
+        for group, names in zip(optimizer.param_groups, _names(optimizer)):
             for name, p in zip(names, group["params"]):
-                grad_row = stats.moments(p.grad) if p.grad is not None else None
-                snapshot = self.view.before(group, p, optimizer.state.get(p, {}))
-                entries.append(_Entry(name, group, p, stats.moments(p), grad_row, snapshot))
+                e = _Entry(name, group, p, self.view.before(group, p, optimizer.state.get(p, {})))
+                e.pieces["p"] = stats.moments(p)
+                _record_grad(e, grad_scale)
+                if self.settings.verify and not isinstance(e.snapshot, Cloned):
+                    e.clone = p.detach().clone()
+                entries.append(e)
         return entries
 
     @torch.no_grad()
     def _figures(self, optimizer: torch.optim.Optimizer, entries: list[_Entry]) -> dict[str, float]:
-        rows, update_rows = [], []
         for e in entries:
-            u = (e.snapshot.update(e.p) if isinstance(e.snapshot, Cloned)
-                 else self.view.update(e.group, e.p, optimizer.state.get(e.p, {}), e.snapshot))
-            update_rows.append(u is not None)
-            rows += [e.p_row] + ([e.grad_row] if e.grad_row is not None else []) + ([stats.moments(u)] if u is not None else [])
-            del u
-        host = iter(stats.to_host(rows))
+            self._measure_update(e, optimizer.state.get(e.p, {}))
+        values = iter(stats.to_host([piece for e in entries for piece in e.pieces.values()]))
         figures: dict[str, float] = {}
+        records, errors = [], []
         totals = {"param": 0.0, "grad": 0.0, "update": 0.0}
-        for e, has_update in zip(entries, update_rows):
+        for e in entries:
+            got = {key: next(values) for key in e.pieces}
             n = stats.count(e.p)
-            p_m = stats.Moments(n, *next(host))
-            g_m = stats.Moments(n, *next(host)) if e.grad_row is not None else None
-            u_m = stats.Moments(n, *next(host)) if has_update else stats.Moments(n, 0.0, 0.0)
+            p_m = stats.Moments(n, *got["p"])
+            g_m = stats.Moments(n, *got["grad"]) if "grad" in got else None
+            u_m = stats.Moments(n, *got["u"]) if "u" in got else stats.Moments(n, 0.0, 0.0)
             figures.update(_parameter_figures(e.name, p_m, g_m, u_m))
+            if "lost" in got:
+                figures[f"update_lost/{e.name}"] = got["lost"][0] / n
+            if "verify" in got:
+                errors.append(_verify_error(e, p_m, *got["verify"]))
+            records.append(ParamHealth(e.name, g_m is not None, g_m is not None and u_m.all_zero,
+                                       tuple(k for k, m in (("value", p_m), ("grad", g_m), ("update", u_m))
+                                             if m is not None and not m.finite)))
             totals["param"] += p_m.sq_norm
             totals["update"] += u_m.sq_norm
             totals["grad"] += g_m.sq_norm if g_m is not None else 0.0
         figures.update({f"global/{k}_norm": math.sqrt(v) for k, v in totals.items()})
         figures.update(_learning_rates(optimizer))
+        figures.update(self.health.figures(records, self.step))
+        if errors:
+            figures["verify/max_rel_error"] = max(errors)
+        for model in (ref() for ref in self._watched):
+            if model is not None:
+                self.health.check_watched(model, optimizer)
         return {tag: value for tag, value in figures.items() if math.isfinite(value)}
+
+    def _measure_update(self, e: _Entry, state: dict[str, Any]) -> None:
+        """Add the update's moments (and, where they apply, lost-update and verify pieces) to ``e``."""
+        cloned = isinstance(e.snapshot, Cloned)
+        u = e.snapshot.update(e.p) if cloned else self.view.update(e.group, e.p, state, e.snapshot)
+        if u is not None and e.p.dtype in LOW_PRECISION:
+            asked = (e.p.grad != 0) if cloned and e.p.grad is not None else (u != 0)
+            u = u if cloned else _effective_update(e.p, u)
+            e.pieces["lost"] = ((u == 0) & asked).sum().double().reshape(1)
+        if u is not None:
+            e.pieces["u"] = stats.moments(u)
+        if e.clone is not None:
+            truth = Cloned(e.clone).update(e.p)
+            miss = truth if u is None else truth - u
+            e.pieces["verify"] = torch.stack([torch.linalg.vector_norm(miss), torch.linalg.vector_norm(truth)]).double()
+            e.clone = None
 
     def _log(self, figures: dict[str, float]) -> None:
         prefix = self.settings.prefix
         self.latest = {prefix + tag: value for tag, value in figures.items()} if prefix else figures
         _OPEN.add(self)
         self._backends.log(self.latest, self.step)
+
+
+def _names(optimizer: torch.optim.Optimizer) -> list[list[str]]:
+    """Each group's ``param_names``, or ``param{k}`` numbered across groups where there are none."""
+    names, k = [], 0
+    for group in optimizer.param_groups:
+        given = group.get("param_names")
+        names.append(list(given) if given else [f"param{k + i}" for i in range(len(group["params"]))])
+        k += len(group["params"])
+    return names
+
+
+def _record_grad(e: _Entry, grad_scale: Tensor | None) -> None:
+    """Moments of ``p.grad`` as the step uses it: unscaled when a fused GradScaler step passes its scale."""
+    grad = e.p.grad
+    e.pieces.pop("grad", None)
+    if grad is None:
+        return
+    row = stats.moments(grad)
+    if grad_scale is not None:
+        scale = grad_scale.double().to(row.device)
+        row = row / torch.stack([scale, scale * scale])
+    e.pieces["grad"] = row
+
+
+def _effective_update(p: Tensor, intended: Tensor) -> Tensor:
+    """What a low-precision parameter really moved: p_after - round(p_after - u_intended), float32.
+
+    Rounding p_after - u back to the parameter's dtype recovers p_before for nearly every element
+    (``shared/reference/update-formulas.md`` §3: 99.0-99.6% for bf16 Adam), without a clone.
+    """
+    after = p.detach().float()
+    before = (after - intended.float()).to(p.dtype).float()
+    return after - before
+
+
+def _verify_error(e: _Entry, p_m: stats.Moments, miss: float, truth: float) -> float:
+    """Relative error of the view against the clone; warns naming the parameter beyond tolerance."""
+    floor = torch.finfo(e.p.dtype).eps * p_m.norm if e.p.is_floating_point() else 0.0
+    if miss > VERIFY_RTOL * truth + floor:
+        warnings.warn(f"monitored_optim verify: the update of {e.name!r} rebuilt from the optimizer state "
+                      f"differs from the clone-based truth by {miss:.3g} (norm {truth:.3g}); please report "
+                      "it with your torch version and optimizer flags", RuntimeWarning, stacklevel=6)
+    return miss / truth if truth > 0 else (0.0 if miss == 0 else math.inf)
 
 
 def _parameter_figures(name: str, p: stats.Moments, g: stats.Moments | None, u: stats.Moments) -> dict[str, float]:
@@ -184,7 +290,7 @@ def _record_grads_after_closure(entries: list[_Entry], args: tuple[Any, ...],
             done = True
             with torch.no_grad():
                 for e in entries:
-                    e.grad_row = stats.moments(e.p.grad) if e.p.grad is not None else None
+                    _record_grad(e, None)
         return loss
 
     if in_kwargs:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copyreg
+import dataclasses
 import inspect
 import threading
 from typing import Any, TypeVar
@@ -63,14 +64,15 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
         built = Monitor(monitor, base)  # bad configuration fails before any optimizer work
         base.__init__(self, *args, **kwargs)
         self._monitor = built
-        built.warn_if_unnamed(self, stacklevel=2)
+        built.attach(self, stacklevel=2)
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
         return self.monitor.run(self, raw_step(base), args, kwargs)
 
     def __getstate__(self) -> dict[str, Any]:
         state = base.__getstate__(self)
-        state["_monitor_config"] = self.monitor.config
+        config = self.monitor.config
+        state["_monitor_config"] = dataclasses.replace(config, model=None) if config is not None else None
         state["_monitor_step"] = self.monitor.step
         return state
 
@@ -83,6 +85,7 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
         if saved:
             self._monitor = Monitor(config, base)
             self._monitor.step = count
+            self._monitor.attach(self, stacklevel=2)
 
     def state_dict(self) -> dict[str, Any]:
         sd = base.state_dict(self)

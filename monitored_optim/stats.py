@@ -72,6 +72,16 @@ class Moments:
         """L2 norm."""
         return math.sqrt(self.sq_norm)
 
+    @property
+    def finite(self) -> bool:
+        """Whether mean and m2 are finite (False iff some element was NaN or Inf)."""
+        return math.isfinite(self.mean) and math.isfinite(self.m2)
+
+    @property
+    def all_zero(self) -> bool:
+        """Whether every element is exactly zero (mean and m2 accumulate in float64: no underflow)."""
+        return self.mean == 0.0 and self.m2 == 0.0
+
 
 def log10_ratio(num: Moments, den: Moments) -> float | None:
     """``log10(std(num) / std(den))``, or ``None`` when either std is zero, undefined or not finite."""
@@ -81,17 +91,24 @@ def log10_ratio(num: Moments, den: Moments) -> float | None:
     return math.log10(a / b)
 
 
-def to_host(rows: list[Tensor]) -> list[tuple[float, float]]:
-    """Copy rows of :func:`moments` (each shape ``(2,)`` float64) to the host, one copy per device.
+def to_host(pieces: list[Tensor]) -> list[list[float]]:
+    """Copy 1-D float64 device tensors to the host: one concatenation and one copy per device.
 
-    Returns ``(mean, m2)`` pairs in the order given.
+    Args:
+        pieces: tensors of shape ``(k_i,)``, dtype float64, on any devices.
+
+    Returns:
+        ``pieces[i].tolist()`` for every i, in order. One device-to-host copy per device in total.
     """
-    out: list[tuple[float, float]] = [(0.0, 0.0)] * len(rows)
+    out: list[list[float]] = [[] for _ in pieces]
     by_device: dict[torch.device, list[int]] = {}
-    for i, row in enumerate(rows):
-        by_device.setdefault(row.device, []).append(i)
+    for i, piece in enumerate(pieces):
+        by_device.setdefault(piece.device, []).append(i)
     for idx in by_device.values():
-        table = torch.stack([rows[i] for i in idx]).cpu().tolist()
-        for i, pair in zip(idx, table):
-            out[i] = (pair[0], pair[1])
+        flat = torch.cat([pieces[i] for i in idx]).cpu().tolist()
+        start = 0
+        for i in idx:
+            size = pieces[i].numel()
+            out[i] = flat[start:start + size]
+            start += size
     return out

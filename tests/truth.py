@@ -24,7 +24,8 @@ def snapshot(named: list[tuple[str, Tensor]]) -> tuple[dict[str, Tensor], dict[s
 def figures(named: list[tuple[str, Tensor]], before: dict[str, Tensor],
             grads: dict[str, Tensor | None]) -> dict[str, float]:
     """Expected per-parameter and global figures after the step, from the clones taken before it."""
-    out: dict[str, float] = {}
+    out: dict[str, float] = {"health/no_grad": 0.0, "health/unchanged": 0.0, "health/nonfinite": 0.0,
+                             "health/skipped_steps": 0.0}
     total = {"param": 0.0, "grad": 0.0, "update": 0.0}
     for name, p in named:
         p_b = before[name].double()
@@ -34,6 +35,8 @@ def figures(named: list[tuple[str, Tensor]], before: dict[str, Tensor],
         _ratio(out, f"update_to_data/{name}", u, p_b)
         total["param"] += p_b.norm().item() ** 2
         total["update"] += u.norm().item() ** 2
+        out["health/no_grad"] += grads[name] is None
+        out["health/unchanged"] += grads[name] is not None and not u.any()
         if grads[name] is not None:
             g = grads[name].double()
             out[f"grad_norm/{name}"] = g.norm().item()
@@ -58,7 +61,9 @@ def assert_figures_match(logged: dict[str, float], expected: dict[str, float],
     assert set(got) == set(expected), (sorted(set(got) ^ set(expected)))
     for tag, want in expected.items():
         have = got[tag]
-        if "_to_data/" in tag:
+        if tag.startswith("health/"):
+            assert have == want, (tag, have, want)
+        elif "_to_data/" in tag:
             assert abs(have - want) <= ratio_tol, (tag, have, want)
         else:
             assert abs(have - want) <= norm_rtol * abs(want) + 1e-30, (tag, have, want)

@@ -1,0 +1,38 @@
+"""Steps that ``torch.amp.GradScaler`` skips because of inf/NaN gradients.
+
+Unfused optimizers: the scaler decides in ``GradScaler._maybe_opt_step`` and then simply does not
+call ``optimizer.step()``. :func:`install` wraps that method once per process so that a monitored
+optimizer learns of the skip (it compares its count of base-step calls before and after); the
+user's loop and the scaler's arithmetic are unchanged. Fused optimizers: the scaler calls
+``step()`` with ``optimizer.grad_scale`` and ``optimizer.found_inf`` set; the monitor reads them
+itself (see ``Monitor.run``). Source: ``torch/amp/grad_scaler.py`` (torch 2.13).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+_MARK = "_monitored_optim_wrapped"
+
+
+def install() -> None:
+    """Wrap ``torch.amp.GradScaler._maybe_opt_step`` (idempotent; a no-op if torch lacks it)."""
+    scaler_cls = torch.amp.GradScaler
+    original = getattr(scaler_cls, "_maybe_opt_step", None)
+    if original is None or getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def _maybe_opt_step(self: Any, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        monitor = getattr(optimizer, "_monitor", None)
+        calls = monitor.base_calls if monitor is not None else 0
+        out = original(self, optimizer, *args, **kwargs)
+        if monitor is not None and monitor.base_calls == calls:
+            monitor.health.skipped_steps += 1
+        return out
+
+    setattr(_maybe_opt_step, _MARK, True)
+    scaler_cls._maybe_opt_step = _maybe_opt_step
