@@ -70,6 +70,17 @@ CASES = [
     ("nadam-l2", O.NAdam, dict(lr=1e-2, weight_decay=0.1), models.mlp),
     ("nadam-decoupled-foreach", O.NAdam, dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True,
                                               foreach=True), models.mlp),
+    ("nadam-foreach", O.NAdam, dict(lr=1e-2, foreach=True), models.mlp),
+    ("nadam-single-decoupled", O.NAdam, dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True,
+                                             foreach=False), models.mlp),
+    ("nadam-l2-foreach-maximize", O.NAdam, dict(lr=1e-2, weight_decay=0.1, maximize=True, foreach=True), models.mlp),
+    ("nadam-momentum-decay", O.NAdam, dict(lr=1e-2, momentum_decay=0.05, betas=(0.8, 0.99), eps=1e-6,
+                                           maximize=True), models.mlp),
+    ("nadam-tensor-lr", O.NAdam, dict(lr=T(1e-2), foreach=False), models.mlp),
+    ("nadam-tensor-lr-foreach", O.NAdam, dict(lr=T(1e-2), foreach=True), models.mlp),
+    ("nadam-tensor-lr-l2", O.NAdam, dict(lr=T(1e-2), weight_decay=0.1, foreach=False), models.mlp),
+    ("nadam-tensor-lr-decoupled-foreach", O.NAdam, dict(lr=T(1e-2), weight_decay=0.1, decoupled_weight_decay=True,
+                                                        foreach=True), models.mlp),
     ("radam", O.RAdam, dict(lr=1e-2), models.mlp),
     ("radam-decoupled", O.RAdam, dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True), models.mlp),
     ("radam-foreach", O.RAdam, dict(lr=1e-2, foreach=True), models.mlp),
@@ -86,7 +97,7 @@ CASES = [
      lambda dtype: models.mlp(dtype, two_groups=False)),
 ]
 
-STATE_AWARE = {O.SGD, O.Adam, O.AdamW}
+STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.NAdam}
 """Optimizers whose figures come from a state-aware view (no clone); the rest use the clone fallback."""
 
 TOLERANCE = {torch.float32: dict(ratio_tol=2e-3, norm_rtol=1e-4),

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from .adam import AdamView
 from .clone import CLONE, Cloned, CloneView
+from .nadam import NAdamView
 from .sgd import SgdView
 
 
@@ -38,6 +39,7 @@ class View(Protocol):
 _REGISTRY: dict[type[torch.optim.Optimizer], View] = {
     torch.optim.SGD: SgdView(),
     torch.optim.Adam: AdamView(),
+    torch.optim.NAdam: NAdamView(),
 }
 
 
