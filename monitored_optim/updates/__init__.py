@@ -23,6 +23,7 @@ from torch import Tensor
 from .adam import AdamView
 from .clone import CLONE, Cloned, CloneView
 from .nadam import NAdamView
+from .radam import RAdamView
 from .sgd import SgdView
 
 
@@ -40,6 +41,8 @@ _REGISTRY: dict[type[torch.optim.Optimizer], View] = {
     torch.optim.SGD: SgdView(),
     torch.optim.Adam: AdamView(),
     torch.optim.NAdam: NAdamView(),
+    torch.optim.NAdam: NAdamView(),
+    torch.optim.RAdam: RAdamView(),
 }
 
 
