@@ -99,6 +99,9 @@ CASES = [
     ("asgd", O.ASGD, dict(lr=1e-2), models.mlp),
     ("asgd-wd-foreach", O.ASGD, dict(lr=1e-2, weight_decay=0.1, foreach=True), models.mlp),
     ("sparse-adam", O.SparseAdam, dict(lr=1e-2), models.embeddings),
+    ("sparse-adam-maximize", O.SparseAdam, dict(lr=1e-2, betas=(0.8, 0.99), eps=1e-6, maximize=True),
+     models.embeddings),
+    ("sparse-adam-tensor-lr", O.SparseAdam, dict(lr=T(1e-2)), models.embeddings),
     ("adafactor", O.Adafactor, dict(lr=1e-2), models.mlp),
     ("adafactor-wd-foreach", O.Adafactor, dict(lr=1e-2, weight_decay=0.1, foreach=True), models.mlp),
     ("muon", O.Muon, dict(lr=2e-2), lambda dtype: models.mlp(dtype, bias=False)),
@@ -109,7 +112,7 @@ CASES = [
      lambda dtype: models.mlp(dtype, two_groups=False)),
 ]
 
-STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.NAdam, O.RAdam}
+STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.NAdam, O.RAdam, O.SparseAdam}
 """Optimizers whose figures come from a state-aware view (no clone); the rest use the clone fallback."""
 
 TOLERANCE = {torch.float32: dict(ratio_tol=2e-3, norm_rtol=1e-4),

@@ -25,6 +25,7 @@ from .clone import CLONE, Cloned, CloneView
 from .nadam import NAdamView
 from .radam import RAdamView
 from .sgd import SgdView
+from .sparse_adam import SparseAdamView
 
 
 class View(Protocol):
@@ -43,6 +44,8 @@ _REGISTRY: dict[type[torch.optim.Optimizer], View] = {
     torch.optim.NAdam: NAdamView(),
     torch.optim.NAdam: NAdamView(),
     torch.optim.RAdam: RAdamView(),
+    torch.optim.RAdam: RAdamView(),
+    torch.optim.SparseAdam: SparseAdamView(),
 }
 
 
