@@ -104,6 +104,14 @@ CASES = [
     ("sparse-adam-tensor-lr", O.SparseAdam, dict(lr=T(1e-2)), models.embeddings),
     ("adafactor", O.Adafactor, dict(lr=1e-2), models.mlp),
     ("adafactor-wd-foreach", O.Adafactor, dict(lr=1e-2, weight_decay=0.1, foreach=True), models.mlp),
+    ("adafactor-foreach", O.Adafactor, dict(lr=1e-2, foreach=True), models.mlp),
+    ("adafactor-wd-maximize", O.Adafactor, dict(lr=1e-2, weight_decay=0.1, maximize=True), models.mlp),
+    ("adafactor-decay-d-eps", O.Adafactor, dict(lr=1e-2, beta2_decay=-0.5, d=1.1, eps=(1e-20, 1e-2)), models.mlp),
+    ("adafactor-eps2-foreach-maximize", O.Adafactor, dict(lr=1e-2, eps=(1e-3, 0.5), maximize=True, foreach=True),
+     models.mlp),
+    ("adafactor-relative-step", O.Adafactor, dict(lr=1.0, weight_decay=0.01), models.mlp),
+    ("adafactor-tensor-lr-wd", O.Adafactor, dict(lr=T(1e-2), weight_decay=0.1), models.mlp),
+    ("adafactor-tensor-lr-foreach", O.Adafactor, dict(lr=T(1e-2), weight_decay=0.1, foreach=True), models.mlp),
     ("muon", O.Muon, dict(lr=2e-2), lambda dtype: models.mlp(dtype, bias=False)),
     ("muon-no-nesterov", O.Muon, dict(lr=2e-2, nesterov=False, weight_decay=0.0),
      lambda dtype: models.mlp(dtype, bias=False)),
@@ -112,7 +120,7 @@ CASES = [
      lambda dtype: models.mlp(dtype, two_groups=False)),
 ]
 
-STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.NAdam, O.RAdam, O.SparseAdam}
+STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.NAdam, O.RAdam, O.SparseAdam, O.Adafactor}
 """Optimizers whose figures come from a state-aware view (no clone); the rest use the clone fallback."""
 
 TOLERANCE = {torch.float32: dict(ratio_tol=2e-3, norm_rtol=1e-4),

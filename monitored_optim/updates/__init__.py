@@ -20,6 +20,7 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import Tensor
 
+from .adafactor import AdafactorView
 from .adam import AdamView
 from .clone import CLONE, Cloned, CloneView
 from .nadam import NAdamView
@@ -46,6 +47,8 @@ _REGISTRY: dict[type[torch.optim.Optimizer], View] = {
     torch.optim.RAdam: RAdamView(),
     torch.optim.RAdam: RAdamView(),
     torch.optim.SparseAdam: SparseAdamView(),
+    torch.optim.SparseAdam: SparseAdamView(),
+    torch.optim.Adafactor: AdafactorView(),
 }
 
 

@@ -1,0 +1,90 @@
+"""Adafactor view (``torch/optim/_adafactor.py``, torch 2.13).
+
+torch's Adafactor, with ĝ = -grad under ``maximize`` else grad, step t (already incremented),
+n = numel(p), clipping threshold d, (eps1, eps2) = ``eps``, s = 1 - lr·λ:
+
+    ρ_t = min(lr, t^-½);   α = max(eps2, ‖p_b‖/√n)·ρ_t                       (before the decay)
+    p ← s·p
+    factored (ndim ≥ 2, over the last two dims):  R ← lerp(R, mean_{-1}(ĝ²), t^τ);  C ← lerp(C, mean_{-2}(ĝ²), t^τ)
+        V̂ = R·C / max(mean_{-2}(R), eps1)
+    vector:  V̂ = V ← lerp(V, ĝ², t^τ)
+    U = ĝ / sqrt(max(V̂, eps1²));   p_a = s·p_b - α/max(1, ‖U‖/(√n·d)) · U
+
+eps1 = None means ``finfo(dtype).eps`` of the group's first parameter that has a grad (on the
+foreach path: of whichever dtype torch groups first, so a foreach group of mixed dtypes falls back to
+a clone).
+
+Rebuild after the step: U is recomputed bit for bit from the stored R and C (or V), the grad and
+eps1. The only trace of p_b is the scalar ‖p_b‖, which ``before`` keeps as a 0-dim tensor on p's
+device (one reduction, no clone). Then d = -α/max(1, ‖U‖/(√n·d))·U and u = (d - (1 - s)·p_a) / s
+(u = d without weight decay). The scalars are computed on the device in float64, which is what
+torch's Python floats are; a Tensor lr makes α float32 tensor arithmetic, as in torch.
+Source: Shazeer & Stern (2018) "Adafactor: Adaptive Learning Rates with Sublinear Memory Cost",
+``torch/optim/_adafactor.py`` (``_single_tensor_adafactor``, ``_multi_tensor_adafactor``) and
+``shared/reference/update-formulas.md`` §Adafactor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .clone import Cloned
+
+
+class AdafactorView:
+    """State-aware view for ``torch.optim.Adafactor`` (formulas in the module docstring)."""
+
+    def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Tensor | Cloned:
+        if group["eps"][0] is None and group["foreach"] and len(_dtypes_with_grad(group)) > 1:
+            return Cloned(p.detach().clone())
+        # also without a grad: a closure passed to step() may create one
+        return p.detach().norm(2)  # torch's own call, so the same rounding
+
+    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Tensor) -> Tensor | None:
+        if p.grad is None or "step" not in state:
+            return None
+        eps1, eps2 = group["eps"]
+        if eps1 is None:
+            eps1 = torch.finfo(_dtypes_with_grad(group)[0]).eps
+        grad = -p.grad if group["maximize"] else p.grad
+        update = _normalized(grad, state, eps1)
+        lr = group["lr"]
+        if isinstance(lr, Tensor) and lr.dim() != 0:
+            lr = lr.squeeze()
+        root_n = p.numel() ** 0.5
+        alpha = _alpha(snapshot, root_n, eps2, min(lr, 1 / (state["step"].item() ** 0.5)))
+        clip = update.norm(2).double().div_(root_n * group["d"]).clamp_(min=1.0)
+        update.mul_(-alpha / clip.to(alpha.dtype))
+        wd = group["weight_decay"]
+        if wd != 0:
+            s = 1 - lr * wd
+            update.sub_(p.detach() * (1 - s)).div_(s)
+        return update
+
+
+def _dtypes_with_grad(group: dict[str, Any]) -> list[torch.dtype]:
+    """Dtypes of the group's parameters that have a grad, in order of first appearance."""
+    return list(dict.fromkeys(q.dtype for q in group["params"] if q.grad is not None))
+
+
+def _normalized(grad: Tensor, state: dict[str, Any], eps1: float) -> Tensor:
+    """U = ĝ / sqrt(max(V̂, eps1²)) from the post-step factors, in torch's operations (a new tensor)."""
+    if grad.dim() > 1:
+        row_var, col_var = state["row_var"], state["col_var"]
+        var_estimate = row_var @ col_var
+        var_estimate.div_(row_var.mean(dim=-2, keepdim=True).clamp_(min=eps1))
+    else:
+        var_estimate = state["variance"].clone()
+    return var_estimate.clamp_(min=eps1 * eps1).rsqrt_().mul_(grad)
+
+
+def _alpha(norm_before: Tensor, root_n: float, eps2: float, rho: float | Tensor) -> Tensor:
+    """α = max(eps2, ‖p_b‖/√n)·ρ_t as a 0-dim tensor: float64 (Python float arithmetic), or ρ's
+    dtype when ρ is a Tensor lr (torch then multiplies a Python float by that tensor)."""
+    rms = norm_before.double().div_(root_n).clamp_(min=eps2)
+    if isinstance(rho, Tensor):
+        return rms.to(rho.dtype) * rho
+    return rms.mul_(rho)
