@@ -115,12 +115,17 @@ CASES = [
     ("muon", O.Muon, dict(lr=2e-2), lambda dtype: models.mlp(dtype, bias=False)),
     ("muon-no-nesterov", O.Muon, dict(lr=2e-2, nesterov=False, weight_decay=0.0),
      lambda dtype: models.mlp(dtype, bias=False)),
+    ("muon-match-rms-adamw", O.Muon, dict(lr=2e-2, adjust_lr_fn="match_rms_adamw", ns_steps=3, momentum=0.9,
+                                          weight_decay=0.3), lambda dtype: models.mlp(dtype, bias=False)),
+    ("muon-original-coefficients", O.Muon, dict(lr=2e-2, adjust_lr_fn="original", ns_coefficients=(3.0, -3.2, 1.2),
+                                                eps=1e-5, nesterov=False), lambda dtype: models.mlp(dtype, bias=False)),
+    ("muon-tensor-lr", O.Muon, dict(lr=T(2e-2)), lambda dtype: models.mlp(dtype, bias=False)),
     ("lbfgs", O.LBFGS, dict(lr=0.5, max_iter=3), lambda dtype: models.mlp(dtype, two_groups=False)),
     ("lbfgs-wolfe", O.LBFGS, dict(lr=1.0, max_iter=4, line_search_fn="strong_wolfe"),
      lambda dtype: models.mlp(dtype, two_groups=False)),
 ]
 
-STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.NAdam, O.RAdam, O.SparseAdam, O.Adafactor}
+STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.NAdam, O.RAdam, O.SparseAdam, O.Adafactor, O.Muon}
 """Optimizers whose figures come from a state-aware view (no clone); the rest use the clone fallback."""
 
 TOLERANCE = {torch.float32: dict(ratio_tol=2e-3, norm_rtol=1e-4),

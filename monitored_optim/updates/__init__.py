@@ -23,6 +23,7 @@ from torch import Tensor
 from .adafactor import AdafactorView
 from .adam import AdamView
 from .clone import CLONE, Cloned, CloneView
+from .muon import MuonView
 from .nadam import NAdamView
 from .radam import RAdamView
 from .sgd import SgdView
@@ -49,6 +50,8 @@ _REGISTRY: dict[type[torch.optim.Optimizer], View] = {
     torch.optim.SparseAdam: SparseAdamView(),
     torch.optim.SparseAdam: SparseAdamView(),
     torch.optim.Adafactor: AdafactorView(),
+    torch.optim.Adafactor: AdafactorView(),
+    **({torch.optim.Muon: MuonView()} if hasattr(torch.optim, "Muon") else {}),  # torch >= 2.9
 }
 
 
