@@ -44,12 +44,8 @@ _REGISTRY: dict[type[torch.optim.Optimizer], View] = {
     torch.optim.SGD: SgdView(),
     torch.optim.Adam: AdamView(),
     torch.optim.NAdam: NAdamView(),
-    torch.optim.NAdam: NAdamView(),
-    torch.optim.RAdam: RAdamView(),
     torch.optim.RAdam: RAdamView(),
     torch.optim.SparseAdam: SparseAdamView(),
-    torch.optim.SparseAdam: SparseAdamView(),
-    torch.optim.Adafactor: AdafactorView(),
     torch.optim.Adafactor: AdafactorView(),
     **({torch.optim.Muon: MuonView()} if hasattr(torch.optim, "Muon") else {}),  # torch >= 2.9
 }
