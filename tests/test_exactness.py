@@ -53,6 +53,11 @@ CASES = [
     ("adamax", O.Adamax, dict(lr=1e-2), models.mlp),
     ("adamax-wd-maximize", O.Adamax, dict(lr=1e-2, weight_decay=0.1, maximize=True), models.mlp),
     ("adamax-foreach", O.Adamax, dict(lr=1e-2, foreach=True), models.mlp),
+    ("adamax-single-wd-betas", O.Adamax, dict(lr=1e-2, weight_decay=0.1, betas=(0.5, 0.9), eps=1e-3,
+                                              foreach=False), models.mlp),
+    ("adamax-foreach-wd-maximize", O.Adamax, dict(lr=1e-2, weight_decay=0.1, maximize=True, foreach=True), models.mlp),
+    ("adamax-tensor-lr", O.Adamax, dict(lr=T(1e-2), foreach=False), models.mlp),
+    ("adamax-tensor-lr-foreach", O.Adamax, dict(lr=T(1e-2), foreach=True), models.mlp),
     ("adagrad", O.Adagrad, dict(lr=0.05), models.mlp),
     ("adagrad-lr-decay", O.Adagrad, dict(lr=0.05, lr_decay=0.1, initial_accumulator_value=0.1), models.mlp),
     ("adagrad-wd-foreach", O.Adagrad, dict(lr=0.05, weight_decay=0.1, foreach=True), models.mlp),
@@ -125,7 +130,7 @@ CASES = [
      lambda dtype: models.mlp(dtype, two_groups=False)),
 ]
 
-STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.NAdam, O.RAdam, O.SparseAdam, O.Adafactor, O.Muon}
+STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.Adamax, O.NAdam, O.RAdam, O.SparseAdam, O.Adafactor, O.Muon}
 """Optimizers whose figures come from a state-aware view (no clone); the rest use the clone fallback."""
 
 TOLERANCE = {torch.float32: dict(ratio_tol=2e-3, norm_rtol=1e-4),

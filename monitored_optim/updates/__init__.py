@@ -22,6 +22,7 @@ from torch import Tensor
 
 from .adafactor import AdafactorView
 from .adam import AdamView
+from .adamax import AdamaxView
 from .clone import CLONE, Cloned, CloneView
 from .muon import MuonView
 from .nadam import NAdamView
@@ -43,6 +44,7 @@ class View(Protocol):
 _REGISTRY: dict[type[torch.optim.Optimizer], View] = {
     torch.optim.SGD: SgdView(),
     torch.optim.Adam: AdamView(),
+    torch.optim.Adamax: AdamaxView(),
     torch.optim.NAdam: NAdamView(),
     torch.optim.RAdam: RAdamView(),
     torch.optim.SparseAdam: SparseAdamView(),

@@ -1,0 +1,49 @@
+"""Small helpers shared by the state-aware views of Adamax, Adagrad, Adadelta, RMSprop, Rprop, ASGD.
+
+Each is a pure function of the optimizer's own objects; none keeps state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim.optimizer import _default_to_fused_or_foreach
+
+KAPPA_MAX = 2.0
+"""Largest condition number κ = D / |D - k| that a weight-decay solve ``u = -(…)/(D - k)`` accepts.
+
+The rebuilt u then differs from the update torch applied by at most κ·ulp(p) per element (the
+rounding of p_after, amplified), the same order as the clone-based truth's own rounding."""
+
+
+def ran_foreach(group: dict[str, Any]) -> bool:
+    """Whether torch took the ``_multi_tensor_*`` path for this group: the decision the functional
+    API makes (``foreach`` as given, else ``_default_to_fused_or_foreach`` over the params with a
+    grad; always False on CPU)."""
+    foreach = group.get("foreach")
+    if foreach is None and not group.get("fused"):
+        with_grad = [q for q in group["params"] if q.grad is not None]
+        _, foreach = _default_to_fused_or_foreach(with_grad, group.get("differentiable", False), use_fused=False)
+    return bool(foreach) and not torch.jit.is_scripting()
+
+
+def real(t: Tensor) -> Tensor:
+    """``t`` as torch steps it: a complex tensor as its (…, 2) real view, a real one unchanged."""
+    return torch.view_as_real(t) if torch.is_complex(t) else t
+
+
+def like(u: Tensor, p: Tensor) -> Tensor:
+    """Undo :func:`real` on a rebuilt update, so that it has ``p``'s dtype and shape."""
+    return torch.view_as_complex(u) if torch.is_complex(p) else u
+
+
+def to_scalar(x: float | Tensor) -> float | Tensor:
+    """torch's ``_to_scalar``: a 1-element Tensor hyperparameter as a 0-dim tensor, a number as is."""
+    return x.squeeze() if isinstance(x, Tensor) and x.dim() != 0 else x
+
+
+def max_kappa(denom: Tensor, k: float | Tensor) -> float:
+    """max over elements of |D| / |D - k| (host read: call only for CPU tensors)."""
+    return (denom.abs() / (denom - k).abs()).amax().item()
