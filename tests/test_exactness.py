@@ -62,6 +62,16 @@ CASES = [
     ("adagrad-lr-decay", O.Adagrad, dict(lr=0.05, lr_decay=0.1, initial_accumulator_value=0.1), models.mlp),
     ("adagrad-wd-foreach", O.Adagrad, dict(lr=0.05, weight_decay=0.1, foreach=True), models.mlp),
     ("adagrad-fused", O.Adagrad, dict(lr=0.05, fused=True), models.mlp),
+    ("adagrad-wd", O.Adagrad, dict(lr=0.05, weight_decay=0.1, foreach=False), models.mlp),
+    ("adagrad-wd-init", O.Adagrad, dict(lr=0.05, weight_decay=0.1, initial_accumulator_value=1.0), models.mlp),
+    ("adagrad-maximize-foreach", O.Adagrad, dict(lr=0.05, lr_decay=0.1, maximize=True, foreach=True), models.mlp),
+    ("adagrad-fused-wd-maximize", O.Adagrad, dict(lr=0.05, lr_decay=0.1, weight_decay=0.1, eps=1e-3, maximize=True,
+                                                  initial_accumulator_value=1.0, fused=True), models.mlp),
+    ("adagrad-tensor-lr", O.Adagrad, dict(lr=T(0.05), lr_decay=0.1, foreach=False), models.mlp),
+    ("adagrad-tensor-lr-foreach", O.Adagrad, dict(lr=T(0.05), lr_decay=0.1, foreach=True), models.mlp),
+    ("adagrad-tensor-lr-fused", O.Adagrad, dict(lr=T(0.05), lr_decay=0.1, fused=True), models.mlp),
+    ("adagrad-sparse", O.Adagrad, dict(lr=0.05, lr_decay=0.1, initial_accumulator_value=0.1), models.embeddings),
+    ("adagrad-sparse-maximize-foreach", O.Adagrad, dict(lr=0.05, maximize=True, foreach=True), models.embeddings),
     ("adadelta", O.Adadelta, dict(lr=1.0), models.mlp),
     ("adadelta-wd-maximize", O.Adadelta, dict(lr=1.0, weight_decay=0.1, maximize=True), models.mlp),
     ("adadelta-foreach", O.Adadelta, dict(lr=1.0, foreach=True), models.mlp),
@@ -130,7 +140,7 @@ CASES = [
      lambda dtype: models.mlp(dtype, two_groups=False)),
 ]
 
-STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.Adamax, O.NAdam, O.RAdam, O.SparseAdam, O.Adafactor, O.Muon}
+STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.Adagrad, O.Adamax, O.NAdam, O.RAdam, O.SparseAdam, O.Adafactor, O.Muon}
 """Optimizers whose figures come from a state-aware view (no clone); the rest use the clone fallback."""
 
 TOLERANCE = {torch.float32: dict(ratio_tol=2e-3, norm_rtol=1e-4),

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from .adafactor import AdafactorView
+from .adagrad import AdagradView
 from .adam import AdamView
 from .adamax import AdamaxView
 from .clone import CLONE, Cloned, CloneView
@@ -45,6 +46,7 @@ _REGISTRY: dict[type[torch.optim.Optimizer], View] = {
     torch.optim.SGD: SgdView(),
     torch.optim.Adam: AdamView(),
     torch.optim.Adamax: AdamaxView(),
+    torch.optim.Adagrad: AdagradView(),
     torch.optim.NAdam: NAdamView(),
     torch.optim.RAdam: RAdamView(),
     torch.optim.SparseAdam: SparseAdamView(),
