@@ -75,6 +75,11 @@ CASES = [
     ("adadelta", O.Adadelta, dict(lr=1.0), models.mlp),
     ("adadelta-wd-maximize", O.Adadelta, dict(lr=1.0, weight_decay=0.1, maximize=True), models.mlp),
     ("adadelta-foreach", O.Adadelta, dict(lr=1.0, foreach=True), models.mlp),
+    ("adadelta-single-maximize", O.Adadelta, dict(lr=1.0, rho=0.5, eps=1e-4, maximize=True, foreach=False), models.mlp),
+    ("adadelta-foreach-maximize", O.Adadelta, dict(lr=0.5, maximize=True, foreach=True), models.mlp),
+    ("adadelta-wd-foreach", O.Adadelta, dict(lr=1.0, weight_decay=0.1, foreach=True), models.mlp),
+    ("adadelta-tensor-lr", O.Adadelta, dict(lr=T(1.0), foreach=False), models.mlp),
+    ("adadelta-tensor-lr-foreach", O.Adadelta, dict(lr=T(1.0), foreach=True), models.mlp),
     ("rmsprop", O.RMSprop, dict(lr=1e-2), models.mlp),
     ("rmsprop-centered", O.RMSprop, dict(lr=1e-2, centered=True), models.mlp),
     ("rmsprop-momentum-wd", O.RMSprop, dict(lr=1e-2, momentum=0.9, centered=True, weight_decay=0.1), models.mlp),
@@ -140,7 +145,7 @@ CASES = [
      lambda dtype: models.mlp(dtype, two_groups=False)),
 ]
 
-STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.Adagrad, O.Adamax, O.NAdam, O.RAdam, O.SparseAdam, O.Adafactor, O.Muon}
+STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.Adadelta, O.Adagrad, O.Adamax, O.NAdam, O.RAdam, O.SparseAdam, O.Adafactor, O.Muon}
 """Optimizers whose figures come from a state-aware view (no clone); the rest use the clone fallback."""
 
 TOLERANCE = {torch.float32: dict(ratio_tol=2e-3, norm_rtol=1e-4),

@@ -20,6 +20,7 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import Tensor
 
+from .adadelta import AdadeltaView
 from .adafactor import AdafactorView
 from .adagrad import AdagradView
 from .adam import AdamView
@@ -47,6 +48,7 @@ _REGISTRY: dict[type[torch.optim.Optimizer], View] = {
     torch.optim.Adam: AdamView(),
     torch.optim.Adamax: AdamaxView(),
     torch.optim.Adagrad: AdagradView(),
+    torch.optim.Adadelta: AdadeltaView(),
     torch.optim.NAdam: NAdamView(),
     torch.optim.RAdam: RAdamView(),
     torch.optim.SparseAdam: SparseAdamView(),
