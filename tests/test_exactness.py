@@ -84,6 +84,16 @@ CASES = [
     ("rmsprop-centered", O.RMSprop, dict(lr=1e-2, centered=True), models.mlp),
     ("rmsprop-momentum-wd", O.RMSprop, dict(lr=1e-2, momentum=0.9, centered=True, weight_decay=0.1), models.mlp),
     ("rmsprop-foreach", O.RMSprop, dict(lr=1e-2, foreach=True, maximize=True), models.mlp),
+    ("rmsprop-single-alpha", O.RMSprop, dict(lr=1e-2, alpha=0.9, eps=1e-4, maximize=True, foreach=False), models.mlp),
+    ("rmsprop-wd", O.RMSprop, dict(lr=1e-2, weight_decay=0.1, foreach=False), models.mlp),
+    ("rmsprop-wd-centered-foreach", O.RMSprop, dict(lr=1e-2, weight_decay=0.1, centered=True, maximize=True,
+                                                    foreach=True), models.mlp),
+    ("rmsprop-wd-small", O.RMSprop, dict(lr=1e-3, weight_decay=1e-4, alpha=0.9), models.mlp),
+    ("rmsprop-momentum", O.RMSprop, dict(lr=1e-2, momentum=0.9, foreach=False), models.mlp),
+    ("rmsprop-momentum-foreach", O.RMSprop, dict(lr=1e-2, momentum=0.5, weight_decay=0.1, maximize=True,
+                                                 foreach=True), models.mlp),
+    ("rmsprop-tensor-lr", O.RMSprop, dict(lr=T(1e-2), centered=True, foreach=False), models.mlp),
+    ("rmsprop-tensor-lr-foreach", O.RMSprop, dict(lr=T(1e-2), momentum=0.9, foreach=True), models.mlp),
     ("rprop", O.Rprop, dict(lr=1e-2), models.mlp),
     ("rprop-foreach-maximize", O.Rprop, dict(lr=1e-2, foreach=True, maximize=True), models.mlp),
     ("nadam", O.NAdam, dict(lr=1e-2), models.mlp),
@@ -145,7 +155,7 @@ CASES = [
      lambda dtype: models.mlp(dtype, two_groups=False)),
 ]
 
-STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.Adadelta, O.Adagrad, O.Adamax, O.NAdam, O.RAdam, O.SparseAdam, O.Adafactor, O.Muon}
+STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.RMSprop, O.Adadelta, O.Adagrad, O.Adamax, O.NAdam, O.RAdam, O.SparseAdam, O.Adafactor, O.Muon}
 """Optimizers whose figures come from a state-aware view (no clone); the rest use the clone fallback."""
 
 TOLERANCE = {torch.float32: dict(ratio_tol=2e-3, norm_rtol=1e-4),

@@ -29,6 +29,7 @@ from .clone import CLONE, Cloned, CloneView
 from .muon import MuonView
 from .nadam import NAdamView
 from .radam import RAdamView
+from .rmsprop import RMSpropView
 from .sgd import SgdView
 from .sparse_adam import SparseAdamView
 
@@ -49,6 +50,7 @@ _REGISTRY: dict[type[torch.optim.Optimizer], View] = {
     torch.optim.Adamax: AdamaxView(),
     torch.optim.Adagrad: AdagradView(),
     torch.optim.Adadelta: AdadeltaView(),
+    torch.optim.RMSprop: RMSpropView(),
     torch.optim.NAdam: NAdamView(),
     torch.optim.RAdam: RAdamView(),
     torch.optim.SparseAdam: SparseAdamView(),
