@@ -96,6 +96,11 @@ CASES = [
     ("rmsprop-tensor-lr-foreach", O.RMSprop, dict(lr=T(1e-2), momentum=0.9, foreach=True), models.mlp),
     ("rprop", O.Rprop, dict(lr=1e-2), models.mlp),
     ("rprop-foreach-maximize", O.Rprop, dict(lr=1e-2, foreach=True, maximize=True), models.mlp),
+    ("rprop-single-maximize", O.Rprop, dict(lr=1e-2, maximize=True, foreach=False), models.mlp),
+    ("rprop-etas", O.Rprop, dict(lr=1e-2, etas=(0.3, 1.5), step_sizes=(1e-3, 1.5e-2), foreach=False), models.mlp),
+    ("rprop-etas-foreach", O.Rprop, dict(lr=1e-2, etas=(0.3, 1.5), step_sizes=(1e-3, 1.5e-2), foreach=True), models.mlp),
+    ("rprop-tensor-lr", O.Rprop, dict(lr=T(1e-2), foreach=False), models.mlp),
+    ("rprop-tensor-lr-foreach", O.Rprop, dict(lr=T(1e-2), foreach=True), models.mlp),
     ("nadam", O.NAdam, dict(lr=1e-2), models.mlp),
     ("nadam-l2", O.NAdam, dict(lr=1e-2, weight_decay=0.1), models.mlp),
     ("nadam-decoupled-foreach", O.NAdam, dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True,
@@ -155,7 +160,7 @@ CASES = [
      lambda dtype: models.mlp(dtype, two_groups=False)),
 ]
 
-STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.RMSprop, O.Adadelta, O.Adagrad, O.Adamax, O.NAdam, O.RAdam, O.SparseAdam, O.Adafactor, O.Muon}
+STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.Rprop, O.RMSprop, O.Adadelta, O.Adagrad, O.Adamax, O.NAdam, O.RAdam, O.SparseAdam, O.Adafactor, O.Muon}
 """Optimizers whose figures come from a state-aware view (no clone); the rest use the clone fallback."""
 
 TOLERANCE = {torch.float32: dict(ratio_tol=2e-3, norm_rtol=1e-4),

@@ -30,6 +30,7 @@ from .muon import MuonView
 from .nadam import NAdamView
 from .radam import RAdamView
 from .rmsprop import RMSpropView
+from .rprop import RpropView
 from .sgd import SgdView
 from .sparse_adam import SparseAdamView
 
@@ -51,6 +52,7 @@ _REGISTRY: dict[type[torch.optim.Optimizer], View] = {
     torch.optim.Adagrad: AdagradView(),
     torch.optim.Adadelta: AdadeltaView(),
     torch.optim.RMSprop: RMSpropView(),
+    torch.optim.Rprop: RpropView(),
     torch.optim.NAdam: NAdamView(),
     torch.optim.RAdam: RAdamView(),
     torch.optim.SparseAdam: SparseAdamView(),
