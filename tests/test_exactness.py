@@ -133,6 +133,11 @@ CASES = [
                                                         foreach=True), models.mlp),
     ("asgd", O.ASGD, dict(lr=1e-2), models.mlp),
     ("asgd-wd-foreach", O.ASGD, dict(lr=1e-2, weight_decay=0.1, foreach=True), models.mlp),
+    ("asgd-single-wd-maximize", O.ASGD, dict(lr=1e-2, weight_decay=0.1, maximize=True, foreach=False), models.mlp),
+    ("asgd-lambd", O.ASGD, dict(lr=5e-2, lambd=0.1, alpha=0.5, t0=2, foreach=False), models.mlp),
+    ("asgd-lambd-foreach", O.ASGD, dict(lr=5e-2, lambd=0.1, alpha=0.5, t0=2, maximize=True, foreach=True), models.mlp),
+    ("asgd-tensor-lr", O.ASGD, dict(lr=T(1e-2), lambd=0.1, foreach=False), models.mlp),
+    ("asgd-tensor-lr-foreach", O.ASGD, dict(lr=T(1e-2), lambd=0.1, foreach=True), models.mlp),
     ("sparse-adam", O.SparseAdam, dict(lr=1e-2), models.embeddings),
     ("sparse-adam-maximize", O.SparseAdam, dict(lr=1e-2, betas=(0.8, 0.99), eps=1e-6, maximize=True),
      models.embeddings),
@@ -160,7 +165,7 @@ CASES = [
      lambda dtype: models.mlp(dtype, two_groups=False)),
 ]
 
-STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.Rprop, O.RMSprop, O.Adadelta, O.Adagrad, O.Adamax, O.NAdam, O.RAdam, O.SparseAdam, O.Adafactor, O.Muon}
+STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.ASGD, O.Rprop, O.RMSprop, O.Adadelta, O.Adagrad, O.Adamax, O.NAdam, O.RAdam, O.SparseAdam, O.Adafactor, O.Muon}
 """Optimizers whose figures come from a state-aware view (no clone); the rest use the clone fallback."""
 
 TOLERANCE = {torch.float32: dict(ratio_tol=2e-3, norm_rtol=1e-4),

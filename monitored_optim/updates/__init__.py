@@ -25,6 +25,7 @@ from .adafactor import AdafactorView
 from .adagrad import AdagradView
 from .adam import AdamView
 from .adamax import AdamaxView
+from .asgd import AsgdView
 from .clone import CLONE, Cloned, CloneView
 from .muon import MuonView
 from .nadam import NAdamView
@@ -53,6 +54,7 @@ _REGISTRY: dict[type[torch.optim.Optimizer], View] = {
     torch.optim.Adadelta: AdadeltaView(),
     torch.optim.RMSprop: RMSpropView(),
     torch.optim.Rprop: RpropView(),
+    torch.optim.ASGD: AsgdView(),
     torch.optim.NAdam: NAdamView(),
     torch.optim.RAdam: RAdamView(),
     torch.optim.SparseAdam: SparseAdamView(),
