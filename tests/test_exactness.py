@@ -11,7 +11,7 @@ import torch
 import models
 import truth
 from monitored_optim import Monitored, MonitorConfig
-from monitored_optim.updates import CLONE, view_for
+from monitored_optim.updates import CLONE, Cloned, view_for
 
 O = torch.optim
 T = torch.tensor
@@ -165,7 +165,8 @@ CASES = [
      lambda dtype: models.mlp(dtype, two_groups=False)),
 ]
 
-STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.ASGD, O.Rprop, O.RMSprop, O.Adadelta, O.Adagrad, O.Adamax, O.NAdam, O.RAdam, O.SparseAdam, O.Adafactor, O.Muon}
+STATE_AWARE = {O.SGD, O.Adam, O.AdamW, O.Adamax, O.Adagrad, O.Adadelta, O.RMSprop, O.Rprop, O.ASGD,
+               O.NAdam, O.RAdam, O.SparseAdam, O.Adafactor, O.Muon}
 """Optimizers whose figures come from a state-aware view (no clone); the rest use the clone fallback."""
 
 TOLERANCE = {torch.float32: dict(ratio_tol=2e-3, norm_rtol=1e-4),
@@ -230,6 +231,72 @@ def test_figures_equal_clone_truth_and_trajectory_is_bitwise(cid, cls, kwargs, f
     for (name, a), (_, b) in zip(plain_problem.named, mon_problem.named):
         assert torch.equal(a, b), name
     assert_state_dicts_equal(plain.state_dict(), mon.state_dict())
+
+
+LR_CHANGES = [
+    ("asgd", O.ASGD, dict(lr=5e-2)),
+    ("asgd-wd-foreach", O.ASGD, dict(lr=5e-2, lambd=0.1, weight_decay=0.1, foreach=True)),
+    ("asgd-tensor-lr", O.ASGD, dict(lr=T(5e-2), lambd=0.1, foreach=False)),
+    ("adagrad-lr-decay", O.Adagrad, dict(lr=0.05, lr_decay=0.1, initial_accumulator_value=1.0, weight_decay=0.1)),
+    ("adamax", O.Adamax, dict(lr=1e-2)),
+    ("adadelta", O.Adadelta, dict(lr=1.0)),
+    ("rmsprop-wd", O.RMSprop, dict(lr=1e-2, weight_decay=0.1)),
+    ("rprop", O.Rprop, dict(lr=1e-2)),
+]
+"""Cases whose lr changes between steps, as under a scheduler. ASGD's step uses the η that the
+previous step derived from the previous lr, so its view must not read the current lr."""
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("cid,cls,kwargs", LR_CHANGES, ids=[c[0] for c in LR_CHANGES])
+def test_figures_equal_clone_truth_when_lr_changes_between_steps(cid, cls, kwargs, dtype, tmp_path):
+    def decay(opt, expected=None):
+        for group in opt.param_groups:
+            group["lr"] = group["lr"] * 0.5
+
+    def check(opt, expected):
+        truth.assert_figures_match(opt.monitor.latest, expected, **TOLERANCE[dtype])
+        decay(opt)
+
+    plain_problem, _ = train(cls, kwargs, models.mlp, dtype, check=decay)
+    mon_problem, _ = train(Monitored(cls), kwargs, models.mlp, dtype,
+                           monitor=MonitorConfig(backend="none", logdir=tmp_path), check=check)
+    for (name, a), (_, b) in zip(plain_problem.named, mon_problem.named):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("cls,kwargs,p0,ill", [
+    (O.Adagrad, dict(lr=0.05, weight_decay=0.1), 0.05, True),  # first step: D = |λ·p| ≈ lr·λ where |p| ≈ lr
+    (O.Adagrad, dict(lr=0.05, weight_decay=0.1, initial_accumulator_value=1.0), 0.05, False),  # D ≥ 1
+    (O.RMSprop, dict(lr=0.05, weight_decay=0.1), 0.5, True),  # first step: D = sqrt(1-α)·|λ·p|
+    (O.RMSprop, dict(lr=0.05, weight_decay=0.1, centered=True), 0.5, True),
+    (O.RMSprop, dict(lr=0.05, weight_decay=0.1), 5.0, False),  # D ≈ 10·lr·λ
+], ids=["adagrad-ill", "adagrad-well", "rmsprop-ill", "rmsprop-centered-ill", "rmsprop-well"])
+def test_weight_decay_solve_takes_a_clone_where_ill_conditioned(cls, kwargs, p0, ill, dtype, tmp_path):
+    """With λ > 0 the rebuild divides by D - lr·λ. Tiny grads and |p| within 1e-5 of p0 put it at
+    ~1e-5·D, where the bare solve loses the update (wrong or non-finite figures): ``before`` takes a
+    clone and the figures stay true. A well-conditioned parameter (|p| = p0 ± 20 %) is never cloned."""
+    torch.manual_seed(0)
+    spread = 1e-5 if ill else 0.2
+    p = torch.nn.Parameter((p0 * (1 + spread * torch.randn(64)) * torch.randn(64).sign()).to(dtype))
+    opt = Monitored(cls)([("w", p)], monitor=MonitorConfig(backend="none", logdir=tmp_path), **kwargs)
+    cloned = []
+    for _ in range(3):
+        p.grad = 1e-6 * torch.randn_like(p)
+        cloned.append(isinstance(view_for(cls).before(opt.param_groups[0], p, opt.state[p]), Cloned))
+        before, grads = truth.snapshot([("w", p)])
+        opt.step()
+        truth.assert_figures_match(opt.monitor.latest, truth.figures([("w", p)], before, grads), **TOLERANCE[dtype])
+    assert cloned[0] if ill else not any(cloned)
+
+
+@pytest.mark.parametrize("cls", [O.Adamax, O.Adagrad, O.Adadelta, O.RMSprop, O.Rprop, O.ASGD])
+def test_differentiable_groups_take_the_clone(cls):
+    p = torch.nn.Parameter(torch.randn(3))
+    p.grad = torch.randn(3)
+    opt = cls([p], differentiable=True)
+    assert isinstance(view_for(cls).before(opt.param_groups[0], p, opt.state[p]), Cloned)
 
 
 def assert_state_dicts_equal(a, b):
