@@ -7,10 +7,11 @@ naming the parameter, so that it reaches a user who never opens TensorBoard.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
+
+from ._warnings import warn
 
 STALE_AFTER = 3
 """Consecutive logging steps a parameter with a gradient may stay exactly unchanged before a warning.
@@ -97,4 +98,4 @@ class Health:
     def _once(self, kind: str, name: str, message: str) -> None:
         if (kind, name) not in self._told:
             self._told.add((kind, name))
-            warnings.warn(message, RuntimeWarning, stacklevel=5)
+            warn(message, RuntimeWarning)

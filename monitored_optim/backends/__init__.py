@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import itertools
 import os
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Protocol
+
+from .._warnings import warn
 
 
 class Backend(Protocol):
@@ -89,9 +90,8 @@ class Fanout:
         except Exception as err:
             if self.strict:
                 raise
-            warnings.warn(f"monitored_optim: the {name} backend failed and is disabled for the rest of "
-                          f"this run ({type(err).__name__}: {err}); training continues", RuntimeWarning,
-                          stacklevel=2)
+            warn(f"monitored_optim: the {name} backend failed and is disabled for the rest of this run "
+                 f"({type(err).__name__}: {err}); training continues", RuntimeWarning)
             return _FAILED
 
 
