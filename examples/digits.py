@@ -83,6 +83,9 @@ def main() -> None:
     print(f"\nFigures logged to: {backends} in {opt.monitor.settings.logdir}")
     if "tensorboard" in opt.monitor.settings.backends:
         print(f"Open them with: tensorboard --logdir {opt.monitor.settings.logdir.parent}")
+    if {"tensorboard", "jsonl"} & set(opt.monitor.settings.backends):
+        print(f"Table and plot: python -m monitored_optim report {opt.monitor.settings.logdir} "
+              f"--plot {opt.monitor.settings.logdir / 'update_to_data.png'}")
 
 
 if __name__ == "__main__":

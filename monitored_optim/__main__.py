@@ -1,0 +1,66 @@
+"""Command line: ``python -m monitored_optim report RUN_DIR [--plot FILE.png] [--last N]``.
+
+Also installed as the console script ``monitored-optim``. Exit status: 0 on success, 1 when the run
+cannot be read or rendered (one line on stderr, no traceback), 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+PROG = "monitored-optim"
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser: one subcommand, ``report``."""
+    top = argparse.ArgumentParser(prog=PROG, description="Tools for runs logged by monitored_optim.")
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    report = sub.add_parser(
+        "report", help="print the per-layer table of a run and optionally plot it",
+        description="Read a run written by the jsonl or tensorboard backend (metrics.jsonl preferred "
+                    "when both exist) and print one row per parameter: latest and median update-to-data "
+                    "ratio, grad-to-data ratio and update norm, with a mark for layers outside the "
+                    "healthy band [-4, -2] or with health warnings.")
+    report.add_argument("run_dir", metavar="RUN_DIR",
+                        help="the run's logdir (holds metrics.jsonl or events.out.tfevents.* files)")
+    report.add_argument("--plot", metavar="FILE.png",
+                        help="also save the update-to-data plot and the global norms to this image")
+    report.add_argument("--last", metavar="N", type=_positive, default=20,
+                        help="medians cover the last N logged steps (default 20)")
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    args = parser().parse_args(argv)
+    from .report import ReportError, load_run, plot_run, print_report, summarize
+
+    try:
+        run = load_run(args.run_dir)
+        print_report(summarize(run, last=args.last))
+        if args.plot:
+            written = plot_run(run, args.plot)
+            print(f"plot written to {written}")
+    except ReportError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # output piped into `head` or similar: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return 0
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""Read a run back and report it: a per-layer table and the update-to-data plot.
+
+    python -m monitored_optim report RUN_DIR [--plot FILE.png] [--last N]
+
+Modules, one concern each, in the order data flows:
+
+- ``read``: ``load_run(dir) -> Run`` from ``metrics.jsonl`` (preferred, exact) or TensorBoard event
+  files (``tensorboard`` package).
+- ``summary``: ``summarize(run, last) -> Summary``, latest values, medians and marks per parameter.
+- ``table``: ``print_report(summary)`` renders it with ``rich``.
+- ``plot``: ``plot_run(run, path)`` draws it with matplotlib (Agg).
+
+The optional packages (``tensorboard``, ``rich``, ``matplotlib``) come with
+``pip install 'monitored_optim[report]'``; they are imported only when needed, and a missing one
+raises :class:`ReportError` saying so.
+
+Example::
+
+    from monitored_optim.report import load_run, summarize, print_report, plot_run
+    run = load_run("runs/exp1")
+    print_report(summarize(run, last=20))
+    plot_run(run, "exp1.png")
+"""
+
+from .errors import ReportError
+from .plot import looks_like_matrix, plot_run
+from .read import Run, load_run
+from .summary import HEALTHY_BAND, REFERENCE, Count, Figure, Layer, Param, Summary, parameters, split_tag, summarize
+from .table import print_report, render
+
+__all__ = ["HEALTHY_BAND", "REFERENCE", "Count", "Figure", "Layer", "Param", "ReportError", "Run", "Summary",
+           "load_run", "looks_like_matrix", "parameters", "plot_run", "print_report", "render", "split_tag",
+           "summarize"]

@@ -1,0 +1,193 @@
+"""Read a run back: ``{run_dir}/metrics.jsonl`` or the TensorBoard event files in ``run_dir``.
+
+Both sources become one :class:`Run`: for every tag, its (step, value) points in step order, and the
+tags in *layer order*, the order they were first logged in. Within one logging step the monitor
+emits a parameter's figures in the optimizer's parameter order, so first-appearance order is the
+optimizer's parameter order.
+
+Sources and their order:
+
+- ``metrics.jsonl`` (JSONL backend): exact float64 values; tags ordered by first appearance in the
+  file (JSON objects keep their key order). Preferred when both sources exist.
+- TensorBoard event files (``events.out.tfevents.*`` written by the TensorBoard backend): float32
+  values, read with ``tensorboard``'s ``EventAccumulator``; tags ordered by the first step at which
+  they were logged, ties broken by the order the reader returns them, which is the order they were
+  written (``EventAccumulator`` keeps tags in insertion order). The sort is stable, so the order is
+  reproducible whatever reader version is installed.
+
+Restarts: when a tag is logged at a step not after its previous point (a second run appended to
+the same ``metrics.jsonl``, or a new event file of a rerun in the same directory), that tag's points
+at that step and later are dropped and the new ones kept, as TensorBoard does for out-of-order
+steps ("purge orphaned data", per tag). Writers with disjoint tags in one directory merge.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ReportError, require
+
+EXPECTED = "a run directory with metrics.jsonl or TensorBoard event files (events.out.tfevents.*)"
+EVENT_GLOB = "events.out.tfevents.*"
+
+
+@dataclass
+class Run:
+    """A run read back from disk.
+
+    Attributes:
+        path: the run directory that was read.
+        source: ``"jsonl"`` or ``"tensorboard"``, which files the figures came from.
+        steps: every logged optimizer step, ascending (the x axis; ints >= 1).
+        series: tag -> list of ``(step, value)`` pairs in ascending step order, the tags in layer
+            order (first-appearance order, see the module docstring). Values are floats in the
+            tag's unit (log10 of a ratio for ``update_to_data/``, L2 norms for ``*_norm``, ...).
+    """
+
+    path: Path
+    source: str
+    steps: list[int] = field(default_factory=list)
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+
+    def values(self, tag: str) -> dict[int, float]:
+        """The points of ``tag`` as ``{step: value}``; empty when the tag was never logged."""
+        return dict(self.series.get(tag, ()))
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Read the run in ``run_dir``, from ``metrics.jsonl`` if present, else from its event files.
+
+    Returns:
+        The :class:`Run`, with at least one logged step.
+
+    Raises:
+        ReportError: ``run_dir`` is missing or not a directory, holds neither source, or the
+            source is unreadable, corrupt or holds no figures. The message is one line naming the
+            path and what was expected.
+        ReportError: reading event files needs the ``tensorboard`` package and it is missing (the
+            message names ``pip install 'monitored_optim[report]'``).
+    """
+    path = Path(run_dir)
+    if not path.exists():
+        raise ReportError(f"{path}: no such directory; expected {EXPECTED}")
+    if not path.is_dir():
+        raise ReportError(f"{path}: not a directory; expected {EXPECTED}")
+    jsonl = path / "metrics.jsonl"
+    if jsonl.exists():
+        run, where = _read_jsonl(path, jsonl), jsonl
+    elif any(p.is_file() for p in path.glob(EVENT_GLOB)):
+        run, where = _read_tensorboard(path), path
+    else:
+        raise ReportError(f"{path}: found no metrics.jsonl and no TensorBoard event files; "
+                          f"expected {EXPECTED}{_hint_subdirectories(path)}")
+    if not run.steps:
+        raise ReportError(f"{where}: no figures in the {run.source} log; expected {EXPECTED}")
+    return run
+
+
+def _hint_subdirectories(path: Path) -> str:
+    """`` (runs found in subdirectories: a, b; pass one of them)`` when ``path`` is a parent of runs."""
+    try:
+        runs = sorted(d for d in path.iterdir() if d.is_dir() and (
+            (d / "metrics.jsonl").exists() or any(d.glob(EVENT_GLOB))))
+    except OSError:
+        return ""
+    if not runs:
+        return ""
+    shown = ", ".join(str(d) for d in runs[:3]) + (", ..." if len(runs) > 3 else "")
+    return f" (runs found in subdirectories: {shown}; pass one of them)"
+
+
+def _read_jsonl(run_dir: Path, file: Path) -> Run:
+    """Parse ``metrics.jsonl``: each line ``{"step": int, tag: number, ...}``.
+
+    A last line without its newline that does not parse (a run killed mid-write) is ignored; any
+    other malformed line raises :class:`ReportError` naming ``file:line``.
+    """
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{file}: cannot read ({_reason(exc)}); expected {EXPECTED}") from None
+    lines = text.split("\n")
+    records: list[tuple[int, dict[str, float]]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(_parse_record(line))
+        except ValueError as exc:
+            if number == len(lines) and not text.endswith("\n") and records:
+                continue  # truncated final line of a run that was killed while writing it
+            raise ReportError(f"{file}:{number}: corrupt line ({exc}); expected one JSON object "
+                              f'per line like {{"step": 10, "update_to_data/fc1.weight": -2.97}}') from None
+    if not records:
+        raise ReportError(f"{file}: no logged steps in the file; expected {EXPECTED}")
+    return _assemble(run_dir, "jsonl", records)
+
+
+def _parse_record(line: str) -> tuple[int, dict[str, float]]:
+    """``(step, {tag: value})`` from one JSONL line; ``ValueError`` saying what is wrong."""
+    obj = json.loads(line)  # json.JSONDecodeError is a ValueError
+    if not isinstance(obj, dict):
+        raise ValueError(f"a JSON {type(obj).__name__}, not an object")
+    step = obj.get("step")
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError(f'"step" is {step!r}, not an integer')
+    figures = {}
+    for tag, value in obj.items():
+        if tag == "step":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{tag!r} is {value!r}, not a number")
+        figures[tag] = float(value)
+    return step, figures
+
+
+def _read_tensorboard(run_dir: Path) -> Run:
+    """Scalars of every event file in ``run_dir`` through ``EventAccumulator`` (all points kept)."""
+    event_accumulator = require("tensorboard.backend.event_processing.event_accumulator", "tensorboard")
+    try:
+        acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+        acc.Reload()
+        tags = list(acc.Tags().get("scalars", []))
+        events = {tag: acc.Scalars(tag) for tag in tags}
+    except Exception as exc:  # the reader raises assorted errors (DataLossError, OSError, ...)
+        raise ReportError(f"{run_dir}: unreadable TensorBoard event files ({_reason(exc)}); "
+                          f"expected {EXPECTED}") from None
+    tags = [t for t in tags if events[t]]
+    if not tags:
+        raise ReportError(f"{run_dir}: the TensorBoard event files hold no scalar figures; expected {EXPECTED}")
+    first_step = {tag: min(e.step for e in events[tag]) for tag in tags}
+    tags.sort(key=first_step.__getitem__)  # stable: ties keep the reader's (write) order
+    records = [(int(e.step), {tag: float(e.value)}) for tag in tags for e in events[tag]]
+    return _assemble(run_dir, "tensorboard", records)
+
+
+def _assemble(run_dir: Path, source: str, records: list[tuple[int, dict[str, float]]]) -> Run:
+    """Build a :class:`Run` from ``(step, figures)`` records in write order.
+
+    Per tag, a point at a step not after that tag's previous point starts over: the tag's points at
+    that step and later are dropped first (a restart in the same logdir). Several writers with
+    different tags (two optimizers sharing a logdir) therefore merge without loss. Non-finite values
+    are left out.
+    """
+    series: dict[str, dict[int, float]] = {}
+    for step, figures in records:
+        for tag, value in figures.items():
+            points = series.setdefault(tag, {})
+            if points and step <= next(reversed(points)):
+                for old in [s for s in points if s >= step]:
+                    del points[old]
+            if math.isfinite(value):
+                points[step] = value
+    steps = sorted({step for points in series.values() for step in points})
+    return Run(run_dir, source, steps, {tag: list(points.items()) for tag, points in series.items() if points})
+
+
+def _reason(exc: BaseException) -> str:
+    """A short one-line reason from an exception."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -1,0 +1,197 @@
+"""Per-layer figures of a run: latest value and median over the last N logged steps, and marks.
+
+Pure functions of a :class:`~monitored_optim.report.read.Run`; no rendering here.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from .read import Run
+
+HEALTHY_BAND = (-4.0, -2.0)
+"""Update-to-data ratios (log10) inside this closed band count as healthy; -3 is the rule of thumb."""
+REFERENCE = -3.0
+PER_PARAMETER = ("param_norm", "update_norm", "grad_norm", "update_to_data", "grad_to_data")
+"""Kinds of the per-parameter tags ``[{prefix}/]{kind}/{name}``."""
+RUN_WIDE = ("global", "lr", "health", "verify")
+"""Kinds of the run-wide tags ``[{prefix}/]{kind}/{what}``."""
+HEALTH = "health"
+"""Kind of the run-wide health counts (``health/no_grad``, ``health/unchanged``, ...)."""
+
+
+def split_tag(tag: str) -> tuple[str, str, str] | None:
+    """``(prefix, kind, rest)`` of a monitor tag, or ``None`` for a tag the monitor does not write.
+
+    ``prefix`` is ``""`` or ``"{MonitorConfig.prefix}/"`` (several optimizers sharing a logdir).
+    Examples: ``"update_to_data/fc1.weight"`` -> ``("", "update_to_data", "fc1.weight")``;
+    ``"gen/global/grad_norm"`` -> ``("gen/", "global", "grad_norm")``.
+    """
+    parts = tag.split("/", 2)
+    kinds = PER_PARAMETER + RUN_WIDE
+    if len(parts) >= 2 and parts[0] in kinds:
+        return "", parts[0], tag[len(parts[0]) + 1:]
+    if len(parts) == 3 and parts[1] in kinds:
+        return parts[0] + "/", parts[1], parts[2]
+    return None
+
+
+@dataclass(frozen=True)
+class Param:
+    """A monitored parameter: its tag ``prefix`` (``""`` or ``"gen/"``) and ``name``."""
+
+    prefix: str
+    name: str
+
+    @property
+    def label(self) -> str:
+        """``prefix + name``, how the report shows it (``fc1.weight``, ``gen/fc1.weight``)."""
+        return self.prefix + self.name
+
+    def tag(self, kind: str) -> str:
+        """The tag of this parameter's ``kind`` figure (``update_to_data/fc1.weight``)."""
+        return f"{self.prefix}{kind}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One tag over the window: ``latest`` at the run's last logged step and ``median`` over the
+    window's logged values; either is ``None`` when the tag has no value there."""
+
+    latest: float | None
+    median: float | None
+
+
+@dataclass(frozen=True)
+class Count:
+    """A run-wide ``health/`` count: ``latest`` at the run's last logged step and ``worst``, the
+    maximum over the window; either is ``None`` when the tag has no value there."""
+
+    latest: float | None
+    worst: float | None
+
+
+@dataclass
+class Layer:
+    """One parameter's row.
+
+    Attributes:
+        name: the parameter's label: its name, after the tag prefix if any (``gen/fc1.weight``).
+        update_to_data, grad_to_data: log10 ratios (healthy update-to-data near -3).
+        update_norm: L2 norm of the update, in parameter units.
+        marks: short warnings (see :func:`summarize`); empty for a healthy layer.
+    """
+
+    name: str
+    update_to_data: Figure
+    grad_to_data: Figure
+    update_norm: Figure
+    marks: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Summary:
+    """What the report table shows.
+
+    Attributes:
+        run: the run summarized.
+        window: the logged steps the medians cover (the last ``last`` of ``run.steps``).
+        layers: one :class:`Layer` per parameter in layer order.
+        health: the run-wide ``[prefix/]health/`` counts (``health/no_grad``, ``health/unchanged``,
+            ``health/nonfinite``, ``health/skipped_steps``: numbers of parameters, or of skipped
+            steps) -> :class:`Count`; empty when the run logged none (runs of older versions).
+        globals: ``[prefix/]global/...`` and ``[prefix/]lr/...`` tags -> :class:`Figure`.
+    """
+
+    run: Run
+    window: list[int]
+    layers: list[Layer]
+    health: dict[str, Count]
+    globals: dict[str, Figure]
+
+
+def parameters(run: Run) -> list[Param]:
+    """The parameters with per-parameter tags, in layer order (first appearance in the log)."""
+    found: dict[Param, None] = {}
+    for tag in run.series:
+        parsed = split_tag(tag)
+        if parsed and parsed[1] in PER_PARAMETER:
+            found[Param(parsed[0], parsed[2])] = None
+    return list(found)
+
+
+def summarize(run: Run, last: int = 20) -> Summary:
+    """Latest values, medians over the last ``last`` logged steps, and marks for every parameter.
+
+    Args:
+        run: a run from :func:`~monitored_optim.report.read.load_run`.
+        last: how many of the last logged steps (logging steps, not optimizer steps) the medians
+            cover; an int >= 1. Fewer are used when the run logged fewer.
+
+    Returns:
+        A :class:`Summary`. Each layer's marks, judged over the window:
+
+        - ``below band`` / ``above band``: the *median* update-to-data ratio is outside
+          :data:`HEALTHY_BAND`;
+        - ``no grad``: no ``grad_norm/{name}`` was logged (the parameter never had a gradient);
+        - ``unchanged``: it had a gradient but every logged ``update_norm/{name}`` is exactly 0;
+        - ``no ratio``: otherwise no update-to-data ratio was logged (e.g. a one-element tensor,
+          or weights with zero spread).
+
+        The per-layer ``no grad`` / ``unchanged`` marks are what the run-wide ``health/no_grad`` and
+        ``health/unchanged`` counts count, so runs with and without ``health/`` tags get them.
+
+    Raises:
+        ValueError: ``last`` < 1.
+    """
+    if last < 1:
+        raise ValueError(f"last must be >= 1, got {last}")
+    window = run.steps[-last:]
+    layers = []
+    for param in parameters(run):
+        layer = Layer(param.label, figure(run, param.tag("update_to_data"), window),
+                      figure(run, param.tag("grad_to_data"), window), figure(run, param.tag("update_norm"), window))
+        layer.marks = marks(layer, _in_window(run, param.tag("grad_norm"), window),
+                            _in_window(run, param.tag("update_norm"), window))
+        layers.append(layer)
+    kinds = {tag: parsed[1] for tag in run.series if (parsed := split_tag(tag))}
+    health = {tag: _count(run, tag, window) for tag, kind in kinds.items() if kind == HEALTH}
+    glob = {tag: figure(run, tag, window) for tag, kind in kinds.items() if kind in ("global", "lr")}
+    return Summary(run, window, layers, health, glob)
+
+
+def figure(run: Run, tag: str, window: list[int]) -> Figure:
+    """``Figure(latest, median)`` of ``tag``: its value at ``window[-1]`` and the median of its values
+    at the steps in ``window`` (``None`` where there are none)."""
+    values = _in_window(run, tag, window)
+    return Figure(values[-1][1] if values and values[-1][0] == window[-1] else None,
+                  statistics.median(v for _, v in values) if values else None)
+
+
+def marks(layer: Layer, grad_norms: list[tuple[int, float]], update_norms: list[tuple[int, float]]) -> list[str]:
+    """The warnings for ``layer`` (see :func:`summarize`), given its ``(step, value)`` grad and update
+    norms in the window; ``[]`` when healthy."""
+    ratio = layer.update_to_data.median
+    if ratio is not None:
+        if ratio < HEALTHY_BAND[0]:
+            return ["below band"]
+        return ["above band"] if ratio > HEALTHY_BAND[1] else []
+    if not grad_norms:
+        return ["no grad"]
+    if update_norms and all(v == 0 for _, v in update_norms):
+        return ["unchanged"]
+    return ["no ratio"]
+
+
+def _in_window(run: Run, tag: str, window: list[int]) -> list[tuple[int, float]]:
+    """The ``(step, value)`` points of ``tag`` at the steps in ``window``, in step order."""
+    first = window[0] if window else 0
+    return [(s, v) for s, v in run.series.get(tag, ()) if s >= first]
+
+
+def _count(run: Run, tag: str, window: list[int]) -> Count:
+    """``Count(latest, max over window)`` of a count tag."""
+    values = _in_window(run, tag, window)
+    return Count(values[-1][1] if values and values[-1][0] == window[-1] else None,
+                 max(v for _, v in values) if values else None)

@@ -1,0 +1,295 @@
+"""The report reads runs of both file backends back to the logged values, summarizes the last N logged
+steps, draws a real PNG, and fails on bad input with one line on stderr and no traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from matplotlib import image
+
+import models
+from monitored_optim import Monitored, MonitorConfig
+from monitored_optim.__main__ import main
+from monitored_optim.report import ReportError, load_run, looks_like_matrix, plot_run, summarize
+
+PARAMS = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "unused.weight", "unused.bias"]
+EXPECTED = "expected a run directory with metrics.jsonl or TensorBoard event files"
+
+
+def train(backend: str, logdir: Path, steps: int = 30, every: int = 1):
+    """Train the shared tiny MLP with a monitored AdamW logging to ``backend`` in ``logdir``."""
+    problem = models.mlp()
+    opt = Monitored(torch.optim.AdamW)(problem.groups, lr=1e-2, monitor=MonitorConfig(
+        backend=backend, logdir=logdir, every=every))
+    for i in range(steps):
+        opt.zero_grad()
+        problem.loss(i).backward()
+        opt.step()
+    latest = dict(opt.monitor.latest)
+    opt.monitor.close()
+    return latest
+
+
+def jsonl_rows(logdir: Path) -> list[dict]:
+    return [json.loads(line) for line in (logdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "monitored_optim", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory) -> tuple[Path, Path, dict[str, float]]:
+    """One 30-step run logged to JSONL and TensorBoard; returns (the run, a copy with only the
+    event files, opt.monitor.latest)."""
+    root = tmp_path_factory.mktemp("both")
+    latest = train("tensorboard,jsonl", root / "run")
+    (root / "tb").mkdir()
+    for event_file in (root / "run").glob("events.out.tfevents.*"):
+        shutil.copy(event_file, root / "tb")
+    return root / "run", root / "tb", latest
+
+
+# ---- reading ---------------------------------------------------------------------------------------
+
+def test_jsonl_run_reads_back_exactly(both):
+    run_dir, _, latest = both
+    run = load_run(run_dir)
+    assert run.source == "jsonl"  # preferred when both exist
+    assert run.steps == list(range(1, 31))
+    rows = jsonl_rows(run_dir)
+    for tag in list(run.series):
+        assert run.series[tag] == [(row["step"], row[tag]) for row in rows if tag in row], tag
+    assert {tag: points[-1][1] for tag, points in run.series.items()} == latest
+    assert list(run.series) == [tag for tag in rows[0] if tag != "step"]  # layer order = file order
+
+
+def test_tensorboard_run_reads_back_float32_in_the_same_order(both):
+    run_dir, tb_dir, latest = both
+    run, exact = load_run(tb_dir), load_run(run_dir)
+    assert run.source == "tensorboard"
+    assert run.steps == exact.steps
+    assert list(run.series) == list(exact.series)
+    for tag, points in exact.series.items():
+        assert [s for s, _ in run.series[tag]] == [s for s, _ in points]
+        assert [v for _, v in run.series[tag]] == pytest.approx([v for _, v in points], rel=1e-6, abs=1e-30)
+    tag = "update_to_data/fc1.weight"
+    assert run.series[tag][-1][1] == pytest.approx(latest[tag], rel=1e-6)
+    assert [layer.name for layer in summarize(run).layers] == PARAMS
+
+
+def test_restart_purges_the_old_tail_and_a_truncated_last_line_is_ignored(tmp_path):
+    lines = [{"step": s, "update_to_data/w": -3.0 - s} for s in (1, 2, 3)]
+    lines += [{"step": s, "update_to_data/w": -2.0 - s} for s in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 3, "upd')
+    run = load_run(tmp_path)
+    assert run.steps == [1, 2]
+    assert run.series["update_to_data/w"] == [(1, -3.0), (2, -4.0)]
+
+
+def test_two_optimizers_with_tag_prefixes_share_a_logdir(tmp_path):
+    opts, problems = {}, {}
+    for who in ("gen", "disc"):
+        problems[who] = models.mlp()
+        opts[who] = Monitored(torch.optim.AdamW)(problems[who].groups, lr=1e-2, monitor=MonitorConfig(
+            backend="jsonl", logdir=tmp_path, every=2, prefix=who))
+    for i in range(6):
+        for who in ("gen", "disc"):
+            opts[who].zero_grad()
+            problems[who].loss(i).backward()
+            opts[who].step()
+    latest = {**opts["gen"].monitor.latest, **opts["disc"].monitor.latest}
+    for opt in opts.values():
+        opt.monitor.close()
+    run = load_run(tmp_path)
+    assert run.steps == [2, 4, 6]
+    assert {tag: points[-1][1] for tag, points in run.series.items()} == latest
+    summary = summarize(run, last=2)
+    assert [layer.name for layer in summary.layers] == [f"{who}/{n}" for who in ("gen", "disc") for n in PARAMS]
+    assert summary.layers[0].update_to_data.latest == latest["gen/update_to_data/fc1.weight"]
+    assert "gen/global/grad_norm" in summary.globals and "disc/lr/group1" in summary.globals
+    assert all(tag.split("/")[1] == "health" for tag in summary.health)
+    assert_real_png(plot_run(run, tmp_path / "gan.png"))
+
+
+# ---- the table -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("every, last", [(1, 7), (3, 4), (1, 100)])
+def test_latest_and_medians_over_the_last_n_logged_steps(tmp_path, every, last):
+    latest = train("jsonl", tmp_path / "run", steps=30, every=every)
+    rows = jsonl_rows(tmp_path / "run")
+    window = rows[-last:]
+    summary = summarize(load_run(tmp_path / "run"), last=last)
+    assert summary.window == [row["step"] for row in window]
+    assert [layer.name for layer in summary.layers] == PARAMS
+    for layer in summary.layers:
+        for kind in ("update_to_data", "grad_to_data", "update_norm"):
+            tag = f"{kind}/{layer.name}"
+            values = [row[tag] for row in window if tag in row]
+            figure = getattr(layer, kind)
+            assert figure.latest == latest.get(tag)
+            assert figure.median == (statistics.median(values) if values else None)
+    unused = {layer.name: layer for layer in summary.layers}["unused.weight"]
+    assert unused.update_to_data.latest is None and unused.update_norm.latest == 0.0
+    assert unused.marks == ["no grad"]
+    health = {tag: value for tag, value in latest.items() if tag.startswith("health/")}  # may be none
+    assert {tag: count.latest for tag, count in summary.health.items()} == health
+
+
+def test_cli_prints_the_table_and_writes_the_plot(both, tmp_path):
+    run_dir, _, latest = both
+    out = cli("report", str(run_dir), "--last", "7", "--plot", "out.png", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert_real_png(tmp_path / "out.png")
+    assert out.stdout.rstrip().endswith("plot written to out.png")
+    rows = jsonl_rows(run_dir)[-7:]
+    line = next(line for line in out.stdout.splitlines() if " fc1.weight " in line)
+    median = statistics.median(row["update_to_data/fc1.weight"] for row in rows)
+    assert f"{latest['update_to_data/fc1.weight']:.2f}" in line and f"{median:.2f}" in line
+    assert f"{latest['update_norm/fc1.weight']:.3g}" in line
+    order = [next(i for i, line in enumerate(out.stdout.splitlines()) if f" {name} " in line) for name in PARAMS]
+    assert order == sorted(order)
+    assert "last 7 logged steps (steps 24-30)" in out.stdout
+    assert "no grad" in next(line for line in out.stdout.splitlines() if " unused.bias " in line)
+
+
+def test_marks_for_the_band_and_health(tmp_path, capsys):
+    rows = [{"step": s, "param_norm/a.weight": 1.0, "grad_norm/a.weight": 1.0, "update_to_data/a.weight": -3.0,
+             "update_to_data/b.weight": -5.0 + s / 100, "update_to_data/c.weight": -1.0,
+             "param_norm/d.bias": 1.0, "update_norm/d.bias": 0.0,
+             "param_norm/e.bias": 1.0, "grad_norm/e.bias": 1.0, "update_norm/e.bias": 0.0,
+             "param_norm/f.scale": 1.0, "grad_norm/f.scale": 1.0, "update_norm/f.scale": 0.1,
+             "health/no_grad": 1.0, "health/unchanged": 1.0, "health/nonfinite": 1.0 if s == 9 else 0.0,
+             "health/skipped_steps": 0.0} for s in range(1, 11)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = summarize(load_run(tmp_path), last=5)
+    marks = {layer.name: layer.marks for layer in summary.layers}
+    assert marks == {"a.weight": [], "b.weight": ["below band"], "c.weight": ["above band"],
+                     "d.bias": ["no grad"], "e.bias": ["unchanged"], "f.scale": ["no ratio"]}
+    assert summary.layers[1].update_to_data.median == pytest.approx(-5.0 + 8 / 100)
+    assert list(summary.health) == ["health/no_grad", "health/unchanged", "health/nonfinite", "health/skipped_steps"]
+    nonfinite = summary.health["health/nonfinite"]
+    assert (nonfinite.latest, nonfinite.worst) == (0.0, 1.0)
+    assert summarize(load_run(tmp_path), last=1).health["health/nonfinite"].worst == 0.0  # step 9 left the window
+
+    assert main(["report", str(tmp_path), "--last", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "nonfinite 0 (1)" in out and "skipped_steps 0 (0)" in out
+    assert "below band" in next(line for line in out.splitlines() if " b.weight " in line)
+
+
+def test_matrix_guess_by_name():
+    assert looks_like_matrix("fc1.weight") and looks_like_matrix("transformer.h.0.mlp.c_fc.weight")
+    assert not looks_like_matrix("fc1.bias") and not looks_like_matrix("transformer.h.0.ln_1.weight")
+    assert not looks_like_matrix("encoder.LayerNorm.weight") and not looks_like_matrix("bn1.weight")
+
+
+# ---- the plot --------------------------------------------------------------------------------------
+
+def assert_real_png(path: Path) -> None:
+    pixels = image.imread(path)
+    height, width = pixels.shape[:2]
+    assert height >= 400 and width >= 600
+    colours = np.unique(pixels[..., :3].reshape(-1, 3).round(2), axis=0)
+    assert len(colours) > 50  # lines, band, text: not one flat colour
+    assert pixels[..., :3].std() > 0.05
+
+
+def test_plot_from_each_backend(both, tmp_path):
+    run_dir, tb_dir, _ = both
+    for source in (run_dir, tb_dir):
+        path = plot_run(load_run(source), tmp_path / f"{source.name}.png")
+        assert_real_png(path)
+
+
+# ---- errors ----------------------------------------------------------------------------------------
+
+def assert_one_line_error(out: subprocess.CompletedProcess, path: Path | str, *words: str) -> None:
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("monitored-optim: error: ") and str(path) in lines[0]
+    for word in words:
+        assert word in lines[0]
+
+
+def test_missing_dir_fails_with_one_line(tmp_path):
+    assert_one_line_error(cli("report", "nowhere", cwd=tmp_path), "nowhere", "no such directory", EXPECTED)
+
+
+def test_empty_dir_fails_with_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert_one_line_error(cli("report", "empty", cwd=tmp_path), "empty", EXPECTED)
+
+
+def test_corrupt_jsonl_fails_with_one_line(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1, "global/grad_norm": 0.5}\nnot json at all\n'
+                                                     '{"step": 3, "global/grad_norm": 0.5}\n')
+    out = cli("report", "run", "--plot", "x.png", cwd=tmp_path)
+    assert_one_line_error(out, Path("run") / "metrics.jsonl", ":2: corrupt line")
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("content, words", [
+    ("", ["no logged steps"]),
+    ('{"step": "one"}\n', ['"step" is']),
+    ('{"step": 1}\n', ["no figures"]),
+    ('[1, 2]\n', ["not an object"]),
+    ('{"step": 1, "global/grad_norm": "big"}\n', ["not a number"]),
+])
+def test_other_bad_jsonl(tmp_path, capsys, content, words):
+    (tmp_path / "metrics.jsonl").write_text(content)
+    assert main(["report", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(tmp_path / "metrics.jsonl") in err
+    assert all(word in err for word in words)
+
+
+def test_not_a_dir_garbage_events_and_parent_of_runs(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "garbage").mkdir()
+    (tmp_path / "garbage" / "events.out.tfevents.1.host").write_bytes(bytes(range(256)) * 3)
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    (tmp_path / "runs" / "a" / "metrics.jsonl").write_text('{"step": 1, "global/grad_norm": 0.5}\n')
+    for path, word in [("file", "not a directory"), ("garbage", "TensorBoard event files"),
+                       ("runs", "runs found in subdirectories: runs/a")]:
+        assert main(["report", path]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and word in err, err
+    assert main(["report", "runs/a", "--plot", "no/such/dir/x.png"]) == 1
+    assert "no/such/dir/x.png: cannot write the plot" in capsys.readouterr().err
+
+
+def test_bad_last_is_a_usage_error(tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        main(["report", str(tmp_path), "--last", "0"])
+    assert exc.value.code == 2
+
+
+def test_missing_package_names_the_extra(tmp_path, monkeypatch):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "update_to_data/w": -3.0}\n')
+    script = ("import sys; sys.modules['rich'] = None\n"
+              "from monitored_optim.__main__ import main\n"
+              f"sys.exit(main(['report', {str(tmp_path)!r}]))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+    assert_one_line_error(out, "", "needs the rich package", "pip install 'monitored_optim[report]'")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ReportError, match=r"matplotlib package: pip install 'monitored_optim\[report\]'"):
+        plot_run(load_run(tmp_path), tmp_path / "x.png")
+
+
+def test_console_script_is_declared():
+    (script,) = [ep for ep in metadata.entry_points(group="console_scripts") if ep.name == "monitored-optim"]
+    assert script.value == "monitored_optim.__main__:main"
