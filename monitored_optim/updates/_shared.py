@@ -44,6 +44,11 @@ def to_scalar(x: float | Tensor) -> float | Tensor:
     return x.squeeze() if isinstance(x, Tensor) and x.dim() != 0 else x
 
 
+def in_double(x: float | Tensor) -> float | Tensor:
+    """A scalar for products torch never forms (e.g. lr·λ in a solve): a Tensor as float64, exact."""
+    return x.double() if isinstance(x, Tensor) else x
+
+
 def max_kappa(denom: Tensor, k: float | Tensor) -> float:
     """max over elements of |D| / |D - k| (host read: call only for CPU tensors)."""
     return (denom.abs() / (denom - k).abs()).amax().item()

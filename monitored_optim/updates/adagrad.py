@@ -18,12 +18,11 @@ Rebuild after the step from the stored S and t (D is recomputed exactly as torch
   ones that move: u[I] = -clr · ĝ[I] / (sqrt(S[I]) + eps), u = 0 elsewhere.
 
 Scalar arithmetic mirrors the path torch took: the single-tensor and foreach paths keep a Tensor lr
-as a tensor (a float32 clr); the fused kernel computes clr in double from lr and t. With a
-GradScaler, the fused kernel unscales ``p.grad`` in place (so the rebuild reads the unscaled grad),
-and when it finds an inf it changes nothing and puts t back: ``before`` keeps t (a 0-dim tensor)
-for fused groups, and the rebuild is zero where t did not advance. ``differentiable=True`` falls back
-to a clone. Source: Duchi, Hazan & Singer (2011) "Adaptive Subgradient Methods for Online Learning
-and Stochastic Optimization", ``torch/optim/adagrad.py`` (``_single_tensor_adagrad``,
+as a tensor (a float32 clr); the fused kernel computes clr in double from lr and t. Under a
+GradScaler the fused kernel unscales ``p.grad`` in place, so the rebuild reads the unscaled grad (a
+step it skips for an inf is not monitored). ``differentiable=True`` falls back to a clone.
+Source: Duchi, Hazan & Singer (2011) "Adaptive Subgradient Methods for Online Learning and
+Stochastic Optimization", ``torch/optim/adagrad.py`` (``_single_tensor_adagrad``,
 ``_multi_tensor_adagrad``, ``_fused_adagrad``), ATen ``FusedAdagradKernel.cpp`` and
 ``shared/reference/update-formulas.md`` §Adagrad.
 """
@@ -35,19 +34,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._shared import KAPPA_MAX, like, max_kappa, real, to_scalar
+from ._shared import KAPPA_MAX, in_double, like, max_kappa, real, to_scalar
 from .clone import Cloned
 
 
 class AdagradView:
     """State-aware view for ``torch.optim.Adagrad`` (formulas in the module docstring)."""
 
-    def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | Tensor | None:
+    def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
         if p.grad is None:
             return None
         if group["differentiable"] or (group["weight_decay"] != 0 and not _well_conditioned(group, p, state)):
             return Cloned(p.detach().clone())
-        return state["step"].clone() if group["fused"] else None
+        return None
 
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:
         if p.grad is None or "sum" not in state:
@@ -60,12 +59,8 @@ class AdagradView:
         denom = _denom(real(state["sum"]), group["eps"])
         wd = group["weight_decay"]
         if wd != 0:
-            u = (g + wd * p_a).mul_(-clr).div_(denom.sub_(clr * wd))
-        else:
-            u = (g * -clr).div_(denom)
-        if isinstance(snapshot, Tensor):  # fused: zero where the kernel skipped the step (inf found)
-            u = torch.where(state["step"] != snapshot, u, 0)
-        return like(u, p)
+            return like((g + wd * p_a).mul_(-clr).div_(denom.sub_(in_double(clr) * wd)), p)
+        return like((g * -clr).div_(denom), p)
 
 
 def _clr(group: dict[str, Any], step: Tensor) -> float | Tensor:

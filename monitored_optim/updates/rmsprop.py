@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._shared import KAPPA_MAX, like, max_kappa, real, to_scalar
+from ._shared import KAPPA_MAX, in_double, like, max_kappa, real, to_scalar
 from .clone import Cloned
 
 
@@ -55,7 +55,7 @@ class RMSpropView:
         denom = _denom(group, real(state["square_avg"]), real(state["grad_avg"]) if group["centered"] else None)
         wd = group["weight_decay"]
         if wd != 0:
-            return like((g + wd * real(p.detach())).mul_(-lr).div_(denom.sub_(lr * wd)), p)
+            return like((g + wd * real(p.detach())).mul_(-lr).div_(denom.sub_(in_double(lr) * wd)), p)
         return like((g * -lr).div_(denom), p)
 
 
