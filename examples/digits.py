@@ -49,12 +49,46 @@ def ratio_table(latest: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+HEALTH = {
+    "health/no_grad": "parameters with no gradient: frozen (requires_grad=False) or unused in forward",
+    "health/unchanged": "parameters with a gradient that did not move: zero gradient (dead ReLU), lr 0, "
+                        "or updates lost to bf16/fp16 rounding (raise lr or keep fp32 master weights)",
+    "health/nonfinite": "parameters with NaN/Inf: lower the lr, clip gradients, check for overflow",
+    "health/skipped_steps": "steps skipped by AMP loss scaling (a few early on are normal)",
+}
+
+
+def health_summary(latest: dict[str, float]) -> str:
+    """One line per health count of the last logging step, with what to do when it is not zero."""
+    lines = ["\nHealth at the last logging step:"]
+    for tag, advice in HEALTH.items():
+        count = int(latest.get(tag, 0))
+        lines.append(f"  {tag.split('/')[1]:<14} {count:>3}" + (f"  <- {advice}" if count else ""))
+    return "\n".join(lines)
+
+
+def where_logged(settings) -> str:
+    """Where each backend wrote, and the command that opens it."""
+    lines = []
+    for backend in settings.backends:
+        if backend == "tensorboard":
+            lines.append(f"TensorBoard events in {settings.logdir}; open with: tensorboard --logdir {settings.logdir}")
+        elif backend == "jsonl":
+            lines.append(f"JSON lines in {settings.logdir / 'metrics.jsonl'}")
+        else:
+            lines.append("W&B run: see the run link or offline directory printed by wandb above")
+    if {"tensorboard", "jsonl"} & set(settings.backends):
+        lines.append(f"Table and plot: python -m monitored_optim report {settings.logdir} "
+                     f"--plot {settings.logdir / 'update_to_data.png'}")
+    return "\n" + ("\n".join(lines) if lines else "Nothing was logged (MONITORED_OPTIM_BACKEND=none).")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epochs", type=int, default=30, help="passes over the 1,437 training images")
+    parser.add_argument("--batch-size", type=int, default=64, help="images per optimizer step")
+    parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the split, weights and batches")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -79,14 +113,8 @@ def main() -> None:
           f"test accuracy {accuracy:.3f}")
     print(f"\nUpdate-to-data ratio at step {opt.monitor.step} (healthy near -3, band {list(HEALTHY)}):")
     print(ratio_table(opt.monitor.latest))
-    backends = ", ".join(opt.monitor.settings.backends) or "none"
-    print(f"\nFigures logged to: {backends} in {opt.monitor.settings.logdir}")
-    if "tensorboard" in opt.monitor.settings.backends:
-        print(f"Open them with: tensorboard --logdir {opt.monitor.settings.logdir.parent}")
-    if {"tensorboard", "jsonl"} & set(opt.monitor.settings.backends):
-        print(f"Table and plot: python -m monitored_optim report {opt.monitor.settings.logdir} "
-              f"--plot {opt.monitor.settings.logdir / 'update_to_data.png'}")
-
+    print(health_summary(opt.monitor.latest))
+    print(where_logged(opt.monitor.settings))
 
 if __name__ == "__main__":
     main()

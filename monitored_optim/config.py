@@ -36,7 +36,8 @@ class MonitorConfig:
 
     Args:
         backend: ``"tensorboard"`` (default), ``"wandb"``, ``"jsonl"``, ``"none"``, a comma-separated
-            string of these, or a sequence of names. Environment: ``MONITORED_OPTIM_BACKEND``.
+            string of these, or a list or tuple of names (case-insensitive). Environment:
+            ``MONITORED_OPTIM_BACKEND``.
         logdir: directory for TensorBoard event files and ``metrics.jsonl``. Default, as
             TensorBoard's ``SummaryWriter``: ``runs/<Mon><DD>_<HH-MM-SS>_<hostname>`` under the
             working directory. Environment: ``MONITORED_OPTIM_LOGDIR``.
@@ -134,8 +135,8 @@ def _pick(value, field: str, env: Mapping[str, str], var: str):
 
 def _parse_backends(value: str | Sequence[str], source: str) -> tuple[str, ...]:
     allowed = f"one of {', '.join(BACKENDS)}, none, or a comma-separated list of them"
-    names = value.split(",") if isinstance(value, str) else list(value)
-    if not all(isinstance(n, str) for n in names):
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
         raise ValueError(f"{source}={value!r} is not a valid backend: expected {allowed}")
     names = [n.strip().lower() for n in names]
     if names == ["none"]:

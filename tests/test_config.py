@@ -37,6 +37,8 @@ def test_bad_environment_raises_at_construction(monkeypatch, var, value, allowed
 @pytest.mark.parametrize("field,value,allowed", [
     ("backend", "tb", "tensorboard, wandb, jsonl, none"),
     ("backend", ["jsonl", 3], "tensorboard, wandb, jsonl, none"),
+    ("backend", 123, "tensorboard, wandb, jsonl, none"),
+    ("backend", [], "tensorboard, wandb, jsonl, none"),
     ("every", 0, "integer >= 1"),
     ("every", True, "integer >= 1"),
     ("every", 1.5, "integer >= 1"),

@@ -30,7 +30,7 @@ def open_backend(name: str, logdir: Path) -> Backend:
 
     Raises:
         ValueError: unknown ``name``.
-        ImportError: the backend's package is missing (``pip install 'monitored_optim[wandb]'``).
+        ImportError: the backend's package is missing (``pip install wandb``).
     """
     if name == "tensorboard":
         from .tensorboard import TensorBoardBackend
@@ -39,7 +39,7 @@ def open_backend(name: str, logdir: Path) -> Backend:
     if name == "wandb":
         from .wandb import WandbBackend
 
-        return WandbBackend()
+        return WandbBackend(logdir)
     if name == "jsonl":
         from .jsonl import JsonlBackend
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import wandb
 
 
@@ -10,12 +13,13 @@ class WandbBackend:
 
     An active ``wandb.run`` (the user's) is reused and left open at ``close``; otherwise
     ``wandb.init()`` starts a run configured by W&B's own ``WANDB_*`` variables (``WANDB_PROJECT``,
-    ``WANDB_MODE=offline``, ``WANDB_DIR``, ...) and ``close`` finishes it.
+    ``WANDB_MODE=offline``, ...) and ``close`` finishes it. Its files go to ``WANDB_DIR`` when that
+    is set, else under ``logdir`` (``<logdir>/wandb/``), next to the other backends' files.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, logdir: Path) -> None:
         self._owned = wandb.run is None
-        self._run = wandb.init() if self._owned else wandb.run
+        self._run = wandb.init(dir=None if os.environ.get("WANDB_DIR") else str(logdir)) if self._owned else wandb.run
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self._run.log(metrics, step=step)

@@ -1,0 +1,177 @@
+"""Overhead of monitoring, measured side by side in one process on a small transformer language model.
+
+    python benchmarks/overhead.py [--rounds 30] [--optimizers adamw,sgd] [--device cpu]
+
+Modes, run in interleaved rounds so that drift of the shared machine hits all of them alike:
+
+* ``plain``: the optimizer alone;
+* ``clone-diff``: the usual hooks (a step pre-hook clones every parameter, a post-hook diffs and calls
+  ``.item()`` per parameter for its update-to-data ratio);
+* ``every=1`` / ``every=10``: ``Monitored(cls)`` logging on every / every tenth step (backend none).
+
+Prints, per optimizer, the median step time and full-iteration time (forward, backward, step) as
+ratios to ``plain``, the extra peak memory of one logging step as a fraction of parameter bytes
+(``benchmarks/memory.py``), and the floor: one fused read of parameters, grads and optimizer state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory import PeakMemory  # noqa: E402
+
+from monitored_optim import Monitored, MonitorConfig  # noqa: E402
+
+VOCAB, WIDTH, LAYERS, HEADS, SEQ, BATCH = 2000, 128, 6, 4, 64, 16
+
+
+class TinyLM(nn.Module):
+    """Embedding, LAYERS pre-norm encoder layers, output head: 2 + 12 * LAYERS + 1 = 75 tensors."""
+
+    def __init__(self, vocab=VOCAB, width=WIDTH, layers=LAYERS, heads=HEADS):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, tokens):
+        mask = nn.Transformer.generate_square_subsequent_mask(tokens.shape[1], device=tokens.device)
+        return self.head(self.encoder(self.embed(tokens), mask=mask, is_causal=True))
+
+
+def clone_diff_hooks(opt, named):
+    """The hand-written approach: clone before step(), diff after, one .item() per parameter."""
+    saved, ratios = {}, {}
+
+    def pre(o, args, kwargs):
+        for name, p in named:
+            saved[name] = p.detach().clone()
+
+    def post(o, args, kwargs):
+        for name, p in named:
+            u = p.detach() - saved[name]
+            ratios[name] = math.log10((u.std() / p.detach().std()).item() + 1e-30)
+        saved.clear()
+
+    opt.register_step_pre_hook(pre)
+    opt.register_step_post_hook(post)
+
+
+def build(mode, cls, kwargs, device):
+    torch.manual_seed(0)
+    model = TinyLM().to(device)
+    named = list(model.named_parameters())
+    if mode in ("plain", "clone-diff"):
+        opt = cls(named, **kwargs)
+        if mode == "clone-diff":
+            clone_diff_hooks(opt, named)
+    else:
+        every = int(mode.split("=")[1])
+        opt = Monitored(cls)(named, **kwargs, monitor=MonitorConfig(backend="none", every=every))
+    return model, opt
+
+
+def iteration(model, opt, tokens, timings):
+    t0 = time.perf_counter()
+    logits = model(tokens[:, :-1])
+    loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    _sync(tokens)
+    t1 = time.perf_counter()
+    opt.step()
+    _sync(tokens)
+    t2 = time.perf_counter()
+    timings["step"].append(t2 - t1)
+    timings["iter"].append(t2 - t0)
+
+
+def _sync(t):
+    if t.is_cuda:
+        torch.cuda.synchronize()
+
+
+def extra_peak_fraction(cls, kwargs, device):
+    """Extra peak bytes of a logging step over the plain step, as a fraction of parameter bytes."""
+    peaks = {}
+    for mode in ("plain", "every=1", "clone-diff"):
+        model, opt = build(mode, cls, kwargs, device)
+        tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), device=device)
+        for _ in range(2):  # state exists before the measured step
+            iteration(model, opt, tokens, {"step": [], "iter": []})
+        model(tokens[:, :-1]).sum().backward()
+        with PeakMemory() as mem:
+            opt.step()
+        peaks[mode] = mem.peak
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {m: (peaks[m] - peaks["plain"]) / param_bytes for m in ("every=1", "clone-diff")}
+
+
+def floor_time(model, opt, rounds):
+    """One fused read of every parameter, grad and state tensor (a sum over each, foreach-batched)."""
+    tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
+    tensors += [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        torch._foreach_norm(tensors, 1)
+        _sync(tensors[0])
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench(name, cls, kwargs, rounds, device):
+    modes = ["plain", "clone-diff", "every=1", "every=10"]
+    runs = {m: build(m, cls, kwargs, device) for m in modes}
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), device=device)
+    timings = {m: {"step": [], "iter": []} for m in modes}
+    for _ in range(3):  # warm-up
+        for m in modes:
+            iteration(*runs[m], tokens, {"step": [], "iter": []})
+    for _ in range(rounds):
+        for m in modes:
+            for _ in range(10):  # ten steps per round: every=10 logs exactly once per round
+                iteration(*runs[m], tokens, timings[m])
+    med = {m: {k: statistics.median(v) if m != "every=10" else statistics.mean(v) for k, v in t.items()}
+           for m, t in timings.items()}
+    base = med["plain"]
+    memory = extra_peak_fraction(cls, kwargs, device)
+    floor = floor_time(*runs["plain"], rounds * 3)
+    tensors = sum(1 for _ in runs["plain"][0].parameters())
+    print(f"\n{name}: {tensors} parameter tensors, plain step {base['step'] * 1e3:.2f} ms, "
+          f"iteration {base['iter'] * 1e3:.2f} ms, floor (one read of p, grad, state) {floor * 1e3:.2f} ms "
+          f"= {1 + floor / base['step']:.2f}x step")
+    print(f"{'mode':<12} {'step / plain':>13} {'iteration / plain':>18} {'extra peak memory':>18}")
+    for m in modes:
+        mem = f"{memory[m]:.1%}" if m in memory else ("same as every=1" if m == "every=10" else "0")
+        print(f"{m:<12} {med[m]['step'] / base['step']:>13.3f} {med[m]['iter'] / base['iter']:>18.3f} {mem:>18}")
+    print("(every=10: mean over all steps, i.e. amortized; others: median)")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--optimizers", default="adamw,sgd")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    choices = {"adamw": (torch.optim.AdamW, dict(lr=1e-3)),
+               "sgd": (torch.optim.SGD, dict(lr=1e-2, momentum=0.9))}
+    print(f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads")
+    for name in args.optimizers.split(","):
+        cls, kwargs = choices[name]
+        bench(name, cls, kwargs, args.rounds, args.device)
+
+
+if __name__ == "__main__":
+    main()
