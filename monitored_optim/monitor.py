@@ -1,6 +1,6 @@
 """The Monitor: step counting, the capture around the base step, the figures and their delivery.
 
-Flow of one ``step()`` (see ``DESIGN.md``): a non-logging step calls the base step and counts it,
+Flow of one ``step()`` (the project's design notes, ``shared/DESIGN.md``): a non-logging step calls the base step and counts it,
 nothing else. A logging step reduces p_before and the grad to moments, lets the update view
 snapshot what it needs, calls the base step once, rebuilds each update u, reduces it to moments,
 copies everything to the host at once, derives the figures and the health counts and hands them
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import math
-import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import amp, stats
+from . import amp, distributed, stats
+from ._warnings import warn
 from .backends import Fanout
 from .config import MonitorConfig, Settings, resolve
 from .health import Health, ParamHealth
@@ -66,7 +66,8 @@ class Monitor:
         self.config = config
         self.settings: Settings = resolve(config)
         _check_installed(self.settings.backends)
-        _make_logdir(self.settings)
+        if distributed.is_writer():  # other ranks never write: no stray (differently timestamped) dirs
+            _make_logdir(self.settings)
         self.view: View = view_for(optimizer_cls)
         self.step = 0
         self.base_calls = 0
@@ -76,17 +77,19 @@ class Monitor:
         self._optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None
         self._watched: list[weakref.ref[torch.nn.Module]] = []
         self._warned_unnamed = False
+        self._verify_told: set[str] = set()
+        _warn_if_shared(self.settings)
+        _ALL.add(self)
         amp.install()
 
-    def attach(self, optimizer: torch.optim.Optimizer, stacklevel: int) -> None:
+    def attach(self, optimizer: torch.optim.Optimizer) -> None:
         """Bind to the optimizer once it is built: warn about unnamed parameters, watch ``config.model``."""
         self._optimizer = weakref.ref(optimizer)
         if not self._warned_unnamed and any(not g.get("param_names") for g in optimizer.param_groups):
             self._warned_unnamed = True
-            warnings.warn("monitored_optim: the optimizer's parameters have no names, so figures are "
-                          "logged as param0, param1, ...; pass model.named_parameters() (or param groups "
-                          "whose 'params' are (name, tensor) pairs) to log them by name",
-                          stacklevel=stacklevel + 1)
+            warn("monitored_optim: the optimizer's parameters have no names, so figures are logged as "
+                 "param0, param1, ...; pass model.named_parameters() (or param groups whose 'params' are "
+                 "(name, tensor) pairs) to log them by name")
         if self.config is not None and self.config.model is not None:
             self.watch(self.config.model)
 
@@ -123,12 +126,16 @@ class Monitor:
             out = step_fn(optimizer, *args, **kwargs)
             self.step += 1
             return out
-        entries = self._before(optimizer, getattr(optimizer, "grad_scale", None))
+        sharding = distributed.sharding(optimizer)  # None outside torch.distributed
+        entries = self._before(optimizer if sharding is None else sharding.local,
+                               getattr(optimizer, "grad_scale", None))
+        if sharding is not None:  # views that are not element-wise cannot rebuild a shard's update
+            sharding.clone_where_needed(entries, self.view)
         args, kwargs = _record_grads_after_closure(entries, args, kwargs)
         self.base_calls += 1
         out = step_fn(optimizer, *args, **kwargs)
         self.step += 1
-        self._log(self._figures(optimizer, entries))
+        self._log(self._figures(optimizer, entries, sharding))
         return out
 
     def close(self) -> None:
@@ -150,16 +157,20 @@ class Monitor:
         return entries
 
     @torch.no_grad()
-    def _figures(self, optimizer: torch.optim.Optimizer, entries: list[_Entry]) -> dict[str, float]:
+    def _figures(self, optimizer: torch.optim.Optimizer, entries: list[_Entry],
+                 sharding: distributed.Sharding | None = None) -> dict[str, float]:
+        local = optimizer if sharding is None else sharding.local
         for e in entries:
-            self._measure_update(e, optimizer.state.get(e.p, {}))
-        values = iter(stats.to_host([piece for e in entries for piece in e.pieces.values()]))
+            self._measure_update(e, local.state.get(e.p, {}))
+        if sharding is None:
+            values = iter(stats.to_host([piece for e in entries for piece in e.pieces.values()]))
+            hosted = [({key: next(values) for key in e.pieces}, stats.count(e.p)) for e in entries]
+        else:  # whole-parameter values and counts: one all_reduce, one host copy
+            hosted = sharding.reduce(entries)
         figures: dict[str, float] = {}
         records, errors = [], []
         totals = {"param": 0.0, "grad": 0.0, "update": 0.0}
-        for e in entries:
-            got = {key: next(values) for key in e.pieces}
-            n = stats.count(e.p)
+        for e, (got, n) in zip(entries, hosted):
             p_m = stats.Moments(n, *got["p"])
             g_m = stats.Moments(n, *got["grad"]) if "grad" in got else None
             u_m = stats.Moments(n, *got["u"]) if "u" in got else stats.Moments(n, 0.0, 0.0)
@@ -167,7 +178,7 @@ class Monitor:
             if "lost" in got:
                 figures[f"update_lost/{e.name}"] = got["lost"][0] / n
             if "verify" in got:
-                errors.append(_verify_error(e, p_m, *got["verify"]))
+                errors.append(_verify_error(e, p_m, *got["verify"], told=self._verify_told))
             records.append(ParamHealth(e.name, g_m is not None, g_m is not None and u_m.all_zero,
                                        tuple(k for k, m in (("value", p_m), ("grad", g_m), ("update", u_m))
                                              if m is not None and not m.finite)))
@@ -193,7 +204,7 @@ class Monitor:
             u = u if cloned else _effective_update(e.p, u)
             e.pieces["lost"] = ((u == 0) & asked).sum().double().reshape(1)
         if u is not None:
-            e.pieces["u"] = stats.moments(u)
+            e.pieces["u"] = stats.moments(u, scratch=e.clone is None and _owned(u, e.p, state))
         if e.clone is not None:
             truth = Cloned(e.clone).update(e.p)
             miss = truth if u is None else truth - u
@@ -203,8 +214,9 @@ class Monitor:
     def _log(self, figures: dict[str, float]) -> None:
         prefix = self.settings.prefix
         self.latest = {prefix + tag: value for tag, value in figures.items()} if prefix else figures
-        _OPEN.add(self)
-        self._backends.log(self.latest, self.step)
+        if distributed.is_writer():  # under torch.distributed only rank 0 opens and writes backends
+            _OPEN.add(self)
+            self._backends.log(self.latest, self.step)
 
 
 def _names(optimizer: torch.optim.Optimizer) -> list[list[str]]:
@@ -215,6 +227,13 @@ def _names(optimizer: torch.optim.Optimizer) -> list[list[str]]:
         names.append(list(given) if given else [f"param{k + i}" for i in range(len(group["params"]))])
         k += len(group["params"])
     return names
+
+
+def _owned(u: Tensor, p: Tensor, state: dict[str, Any]) -> bool:
+    """Whether ``u`` shares memory with nothing the optimizer keeps (so it may be centred in place)."""
+    held = [p, p.grad, *(v for v in state.values() if isinstance(v, Tensor))]
+    ptr = u.untyped_storage().data_ptr()
+    return all(t is None or t.is_sparse or t.untyped_storage().data_ptr() != ptr for t in held)
 
 
 def _record_grad(e: _Entry, grad_scale: Tensor | None) -> None:
@@ -231,23 +250,29 @@ def _record_grad(e: _Entry, grad_scale: Tensor | None) -> None:
 
 
 def _effective_update(p: Tensor, intended: Tensor) -> Tensor:
-    """What a low-precision parameter really moved: p_after - round(p_after - u_intended), float32.
+    """What a low-precision parameter really moved, p_after - p_before, in float32, without a clone.
 
-    Rounding p_after - u back to the parameter's dtype recovers p_before for nearly every element
-    (``shared/reference/update-formulas.md`` §3: 99.0-99.6% for bf16 Adam), without a clone.
+    p_before is recovered by inverting p_after = round(p_before + u): where p_after + u would round
+    back to p_after the update is taken as lost (p_before = p_after: weights that stall at a power
+    of two, where the spacing of bf16 values doubles, are the common case there); elsewhere
+    p_before = round(p_after - u), exact away from those boundaries. Source: the rounding analysis
+    in ``shared/reference/update-formulas.md`` §3.
     """
     after = p.detach().float()
-    before = (after - intended.float()).to(p.dtype).float()
+    u = intended.float()
+    stalled = (after + u).to(p.dtype).float() == after
+    before = torch.where(stalled, after, (after - u).to(p.dtype).float())
     return after - before
 
 
-def _verify_error(e: _Entry, p_m: stats.Moments, miss: float, truth: float) -> float:
-    """Relative error of the view against the clone; warns naming the parameter beyond tolerance."""
+def _verify_error(e: _Entry, p_m: stats.Moments, miss: float, truth: float, told: set[str]) -> float:
+    """Relative error of the view against the clone; warns once per parameter beyond tolerance."""
     floor = torch.finfo(e.p.dtype).eps * p_m.norm if e.p.is_floating_point() else 0.0
-    if miss > VERIFY_RTOL * truth + floor:
-        warnings.warn(f"monitored_optim verify: the update of {e.name!r} rebuilt from the optimizer state "
-                      f"differs from the clone-based truth by {miss:.3g} (norm {truth:.3g}); please report "
-                      "it with your torch version and optimizer flags", RuntimeWarning, stacklevel=6)
+    if miss > VERIFY_RTOL * truth + floor and e.name not in told:
+        told.add(e.name)
+        warn(f"monitored_optim verify: the update of {e.name!r} rebuilt from the optimizer state differs "
+             f"from the clone-based truth by {miss:.3g} (norm {truth:.3g}); please report it with your torch "
+             "version and optimizer flags", RuntimeWarning)
     return miss / truth if truth > 0 else (0.0 if miss == 0 else math.inf)
 
 
@@ -318,10 +343,23 @@ def _check_installed(backends: tuple[str, ...]) -> None:
         module = package[name]
         if module and importlib.util.find_spec(module) is None:
             raise ImportError(f"monitored_optim backend {name!r} needs the {module} package: "
-                              f"pip install 'monitored_optim[{name}]'")
+                              f"pip install {module}")
 
 
 _OPEN: "weakref.WeakSet[Monitor]" = weakref.WeakSet()
+_ALL: "weakref.WeakSet[Monitor]" = weakref.WeakSet()
+
+
+def _warn_if_shared(settings: Settings) -> None:
+    """Warn when another live monitor logs the same tags to the same place (two optimizers built in
+    the same second share the default ``runs/<time>_<host>``): their figures would overwrite each other."""
+    for other in list(_ALL):
+        same = other.settings
+        if (same.prefix == settings.prefix and set(same.backends) & set(settings.backends)
+                and same.logdir.resolve() == settings.logdir.resolve()):
+            warn(f"monitored_optim: two monitored optimizers log the same tags to {str(settings.logdir)!r}; "
+                 "give each one MonitorConfig(prefix=...) (or its own logdir) to keep their figures apart")
+            return
 
 
 @atexit.register

@@ -64,7 +64,7 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
         built = Monitor(monitor, base)  # bad configuration fails before any optimizer work
         base.__init__(self, *args, **kwargs)
         self._monitor = built
-        built.attach(self, stacklevel=2)
+        built.attach(self)
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
         return self.monitor.run(self, raw_step(base), args, kwargs)
@@ -85,7 +85,7 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
         if saved:
             self._monitor = Monitor(config, base)
             self._monitor.step = count
-            self._monitor.attach(self, stacklevel=2)
+            self._monitor.attach(self)
 
     def state_dict(self) -> dict[str, Any]:
         sd = base.state_dict(self)

@@ -1,9 +1,9 @@
 """Numerically stable per-tensor moments, stacked into one table per device, and the figures from it.
 
 Each tensor x contributes a row ``(mean, m2)`` in float64 on its device, with
-``m2 = sum((x - mean)^2)``, and its element count n on the host. ``torch.var_mean`` computes mean and m2 with Welford's algorithm, so
-a LayerNorm weight near 1.0 with a spread of 1e-4 keeps its spread (a plain sum-of-squares formula
-loses it to cancellation). From a row: ``std = sqrt(m2 / (n - 1))`` (Bessel's correction, as
+``m2 = sum((x - mean)^2)`` computed after centring (see :func:`moments`), so a LayerNorm weight
+near 1.0 with a spread of 1e-4 keeps its spread (a plain sum-of-squares formula loses it to
+cancellation), and its element count n on the host. From a row: ``std = sqrt(m2 / (n - 1))`` (Bessel's correction, as
 ``torch.std(correction=1)``) and ``||x||_2 = sqrt(m2 + n * mean^2)`` (both terms >= 0: no
 cancellation). Rows of disjoint pieces combine exactly by Chan, Golub & LeVeque (1979), which is what
 sharded training needs.
@@ -17,20 +17,28 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-def moments(x: Tensor) -> Tensor:
+def moments(x: Tensor, scratch: bool = False) -> Tensor:
     """The ``(mean, m2)`` of ``x`` as a float64 tensor of shape ``(2,)`` on ``x``'s device.
+
+    Two passes: the mean, then ``m2 = ||x - mean||^2``. Centring first keeps the spread of a
+    tensor whose mean dwarfs it (a LayerNorm weight near 1.0 with std 1e-4): the rounding of the
+    float32 mean adds only ``n * (mean error)^2``, 1e-6 of m2 there. Faster on CPU than Welford's
+    single pass (``torch.var_mean``) and as exact to the tolerances used here.
 
     Args:
         x: any floating or complex tensor, any shape. Complex counts as pairs of reals, sparse is
             densified, bf16/fp16 is promoted to float32 first. Its element count is
             :func:`count` ``(x)``, which the caller keeps on the host.
+        scratch: ``x`` is a temporary the caller drops: centre it in place instead of allocating.
 
     Returns:
         Tensor of shape ``(2,)``, dtype float64. No host synchronisation.
     """
-    x = _dense_real(x)
-    var, mean = torch.var_mean(x, correction=0)
-    return torch.stack([mean, var * x.numel()]).double()
+    dense = _dense_real(x)
+    mean = dense.mean()
+    in_place = scratch and not x.is_sparse and dense.data_ptr() == x.data_ptr()
+    centred = dense.sub_(mean) if in_place else dense - mean
+    return torch.stack([mean, torch.linalg.vector_norm(centred).square()]).double()
 
 
 def count(x: Tensor) -> int:

@@ -227,3 +227,16 @@ def test_a_run_that_dies_keeps_every_completed_logging_step(death, tmp_path):
     assert ("loss exploded" if death == "exception" else "KeyboardInterrupt") in out.stderr
     assert sorted(read_jsonl(tmp_path)) == [1, 2, 3, 4, 5]
     assert sorted(read_tensorboard(tmp_path)) == [1, 2, 3, 4, 5]
+
+
+def test_two_optimizers_with_the_same_tags_in_one_logdir_are_warned_about(tmp_path):
+    config = MonitorConfig(backend="jsonl", logdir=tmp_path)
+    first = Monitored(torch.optim.SGD)(models.mlp().groups, lr=0.1, monitor=config)
+    with pytest.warns(UserWarning, match="give each one MonitorConfig\\(prefix=...\\)"):
+        Monitored(torch.optim.SGD)(models.mlp().groups, lr=0.1, monitor=config)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Monitored(torch.optim.SGD)(models.mlp().groups, lr=0.1, monitor=MonitorConfig(
+            backend="jsonl", logdir=tmp_path, prefix="other"))
+    assert first.monitor.step == 0

@@ -89,4 +89,22 @@ def view_for(cls: type[torch.optim.Optimizer]) -> View:
     return CLONE
 
 
-__all__ = ["CLONE", "Cloned", "CloneView", "View", "raw_step", "view_for"]
+def register(optimizer_cls: type[torch.optim.Optimizer], view: View) -> None:
+    """Use ``view`` for ``optimizer_cls`` (and subclasses that keep its ``step``) from now on.
+
+    For a third-party optimizer that keeps the buffers its update can be rebuilt from. Check a new
+    view with ``MonitorConfig(verify=True)``, which compares it with a clone on every logging step.
+    Affects optimizers built after the call.
+
+    Raises:
+        TypeError: ``optimizer_cls`` is not an optimizer class, or ``view`` lacks ``before``/``update``.
+    """
+    if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
+        raise TypeError(f"register() expects a torch.optim.Optimizer subclass, got {optimizer_cls!r}")
+    if not (callable(getattr(view, "before", None)) and callable(getattr(view, "update", None))):
+        raise TypeError(f"register() expects a view with before() and update() methods, got {view!r}")
+    _REGISTRY[optimizer_cls] = view
+    _REGISTRY.update({cls: _REGISTRY.pop(cls) for cls in list(_REGISTRY) if cls is not optimizer_cls})
+
+
+__all__ = ["CLONE", "Cloned", "CloneView", "View", "raw_step", "register", "view_for"]

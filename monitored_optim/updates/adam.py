@@ -48,10 +48,10 @@ class AdamView:
         p_a = p.detach()
         if torch.is_complex(p):  # torch steps complex tensors as pairs of reals
             m, v, p_a = torch.view_as_real(m), torch.view_as_real(v), torch.view_as_real(p_a)
-        denom = (v.sqrt() / bc2_sqrt).add_(eps)
+        u = (v.sqrt() / bc2_sqrt).add_(eps)  # the denominator, then u in the same buffer
         if m.dtype in (torch.float16, torch.bfloat16):  # addcdiv_ divides in float32 (opmath)
-            m, denom = m.float(), denom.float()
-        u = (m / denom).mul_(-step_size)
+            m, u = m.float(), u.float()
+        u = torch.div(m, u, out=u).mul_(-step_size)
         wd = group["weight_decay"]
         if wd != 0 and group["decoupled_weight_decay"]:
             s = 1 - lr * wd

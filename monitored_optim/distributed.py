@@ -1,0 +1,492 @@
+"""Sharded and replicated training: every figure describes the whole parameter, written once.
+
+Under ``torch.distributed`` each rank holds a piece of each parameter, or a copy of it. On a
+logging step every rank reduces what it holds (its *local shard*) to per-tensor moments
+``(n, mean, m2)`` exactly as in the single-process path (:func:`monitored_optim.stats.moments`,
+Welford, on plain local tensors: no DTensor reduction, so no hidden collective), then converts them
+to weighted power sums in float64
+
+    (w·n, w·Σx, w·Σx²),   Σx = n·mean,   Σx² = m2 + n·mean²,
+
+puts them into one stacked table (one row per parameter and kind: p_before, grad, update) and calls
+**one** ``all_reduce(SUM)`` over the default process group. From the sums, for the whole parameter,
+``mean = Σx / N`` and ``m2 = Σx² - Σx·mean`` (Chan, Golub & LeVeque 1979, in power-sum form). In
+float64 the relative error of ``m2`` is about ``1e-16·(mean/std)²``: a LayerNorm weight near 1.0
+with std 1e-4 keeps about 8 significant digits of its variance.
+
+The weight ``w`` of a local piece is ``1 / (number of ranks holding that same piece)``, so that every
+element of every parameter counts exactly once over the world of ``W`` ranks:
+
+=====================================================  ==========================================
+parameter as the optimizer sees it                      w
+=====================================================  ==========================================
+plain tensor (DDP, tensor-parallel unplanned, ZeRO      ``1 / W`` (every rank holds a replica)
+wrapped as the monitored class)
+``DTensor`` (FSDP2 ``fully_shard``, tensor parallel)    ``S / W``, S = product of the mesh sizes of
+                                                        the dimensions whose placement is not
+                                                        ``Replicate`` (``Shard``, ``_StridedShard``,
+                                                        any other); ``Partial`` grads are reduced
+                                                        to the parameter's placements first
+FSDP1 parameter (``use_orig_params=True`` views, or     ``S / W``, S = size of the unit's sharding
+the ``FlatParameter`` itself, its padding excluded)     group (1 for ``NO_SHARD``)
+ZeRO inner optimizer (``optimizer_class=Monitored(…)``)  ``G / W`` on the rank owning the parameter in
+                                                        ZeRO's group of size G, 0 elsewhere
+=====================================================  ==========================================
+
+Uneven and empty shards need nothing special: an empty piece contributes ``n = 0``. Every rank
+always joins the collective, whatever it holds, and every rank sees the same table layout (the same
+parameters in the same order); a fingerprint of the parameter names travels in the table and a
+disagreement raises on every rank instead of mixing up figures. Only rank 0 of the default group
+writes to the backends (:func:`is_writer`); every rank gets the global figures.
+
+Assumptions (SPMD training): every rank of the default group calls ``step()`` of its monitored
+optimizer on the same steps, over the same named parameters; a plain tensor is a replica of the same
+parameter on every rank; the meshes and groups of sharded parameters, with their replicas, tile the
+world. Pipeline parallelism, where ranks own different parameters, is detected (the fingerprints
+differ) and refused.
+
+Sources: ``torch/distributed/tensor/placement_types.py`` (placements),
+``torch/distributed/fsdp/_flat_param.py`` (FSDP1 views and padding),
+``torch/distributed/optim/zero_redundancy_optimizer.py`` (ZeRO partition and ``_local_step``).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import sys
+import warnings
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
+
+from . import stats
+from .updates import Cloned
+
+# An empty local shard (FSDP1 puts (0,)-shaped views on ranks that hold none of a parameter) has
+# moments (nan, nan) and n = 0, which the weighting below discards; torch warns about the
+# zero-size var_mean on every logging step. Silenced for this package's stats module only.
+warnings.filterwarnings("ignore", message=r"var_mean\(\): degrees of freedom is <= 0",
+                        category=UserWarning, module=r"monitored_optim\.stats")
+
+_COLUMNS = 4
+"""Table columns (see :meth:`Sharding._table`)."""
+
+
+def initialized() -> bool:
+    """True when ``torch.distributed`` is available and its default process group is initialised."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def is_writer() -> bool:
+    """True in the one process that writes figures: rank 0 of the default group, or any process
+    that is not part of an initialised ``torch.distributed`` job."""
+    return not initialized() or dist.get_rank() == 0
+
+
+def sharding(optimizer: torch.optim.Optimizer) -> Sharding | None:
+    """The :class:`Sharding` of ``optimizer`` for this logging step, or ``None`` outside
+    ``torch.distributed`` (the single-process path, untouched).
+
+    Call on every rank at the same logging step, before the base step (it reads the grads).
+    Issues no collective unless a grad is laid out unlike its parameter (a ``Partial`` grad), which
+    is redistributed to the parameter's placements.
+    """
+    if not initialized():
+        return None
+    return Sharding(optimizer)
+
+
+class Sharding:
+    """One logging step's view of a sharded optimizer: local tensors to read, weights, the reduction.
+
+    Attributes:
+        local: an optimizer-like object (``param_groups``, ``state``, ``defaults``) for the monitor to
+            read instead of the optimizer: the same groups (for a ZeRO inner optimizer, ZeRO's groups
+            with every parameter, so that all ranks see the same list), each parameter replaced by
+            its local piece as a plain tensor (a detached alias of the DTensor's local tensor, or of
+            the FSDP1 flat shard without padding) whose ``.grad`` is the matching local grad; the
+            ``state`` mapping answers for a local piece with the state of its parameter, each
+            ``DTensor`` in it replaced by its local tensor. Plain tensors are passed through as is.
+        weights: ``list[float]``, the weight w of each parameter's local piece, in ``local`` order.
+        world: number of ranks W of the default group.
+
+    Raises:
+        RuntimeError: from :meth:`reduce` when ranks disagree on the monitored parameters.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.world = dist.get_world_size()
+        zero = _zero_parent(optimizer)
+        source = zero if zero is not None else optimizer
+        self._state = optimizer.state
+        self._orig: dict[int, Tensor] = {}
+        self._slot: dict[int, int] = {}
+        self._narrow: dict[int, int] = {}
+        self._split: set[int] = set()
+        self.weights: list[float] = []
+        groups = []
+        for group in source.param_groups:
+            pieces = []
+            for p in group["params"]:
+                piece, weight, valid = self._piece(p, optimizer, zero)
+                self._orig[id(piece)] = p
+                self._slot[id(piece)] = len(self.weights)
+                if valid is not None:
+                    self._narrow[id(piece)] = valid
+                if _is_split(p, zero):
+                    self._split.add(id(piece))
+                self.weights.append(weight)
+                pieces.append(piece)
+            groups.append({**group, "params": pieces})
+        self.local = _LocalOptimizer(groups, _LocalState(self), optimizer.defaults)
+
+    def _piece(self, p: Tensor, optimizer: torch.optim.Optimizer,
+               zero: Any) -> tuple[Tensor, float, int | None]:
+        """(local piece, weight, valid numel when the piece narrows away FSDP1 padding)."""
+        if zero is not None:
+            owner = zero._param_to_rank.get(p)
+            return p, (zero.world_size / self.world if owner == zero.rank else 0.0), None
+        if _is_dtensor(p):
+            return _dtensor_piece(p), _dtensor_pieces(p) / self.world, None
+        if getattr(p, "_fsdp_flattened", False):
+            unit = _fsdp1_unit(p)
+            if unit is not None:
+                weight = _fsdp1_pieces(unit) / self.world
+                padded = getattr(p, "_shard_numel_padded", 0) if p is unit._handle.flat_param else 0
+                if padded:
+                    valid = p.numel() - padded
+                    piece = p.detach()[:valid]
+                    if p.grad is not None:
+                        piece.grad = p.grad.detach()[:valid]
+                    return piece, weight, valid
+                return p, weight, None
+        return p, 1.0 / self.world, None
+
+    def clone_where_needed(self, entries: list[Any], view: Any) -> None:
+        """Give a local clone to the entries whose update ``view`` cannot rebuild from a shard.
+
+        A view that is not element-wise (Muon's Newton-Schulz on the whole matrix, Adafactor's row
+        and column means) would rebuild a wrong update from a piece of a parameter, so for split
+        parameters (a sharded DTensor, an FSDP1 shard) the snapshot becomes
+        :class:`~monitored_optim.updates.clone.Cloned` of the local piece (exact, one copy of the
+        shard on logging steps). Whole parameters (replicas, ZeRO) keep the view.
+
+        Args:
+            entries: the monitor's entries (``.p`` a local piece, ``.snapshot``, ``.clone``) after
+                the views' ``before``; their ``snapshot`` is replaced in place.
+            view: the monitor's view; its class name is looked up in :data:`ELEMENTWISE_VIEWS`.
+        """
+        if type(view).__name__ in ELEMENTWISE_VIEWS:
+            return
+        for e in entries:
+            if id(e.p) in self._split and not isinstance(e.snapshot, Cloned):
+                copy, e.clone = (e.clone, None) if getattr(e, "clone", None) is not None else (e.p.detach().clone(), None)
+                e.snapshot = Cloned(copy)
+
+    def original(self, piece: Tensor) -> Tensor:
+        """The parameter whose local piece is ``piece``."""
+        return self._orig.get(id(piece), piece)
+
+    def localize_state(self, piece: Tensor, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` with each DTensor replaced by its local tensor, and each tensor shaped like an
+        FSDP1 flat shard narrowed like ``piece`` (a plain state dict is returned as is)."""
+        valid = self._narrow.get(id(piece))
+        if valid is None and not any(_is_dtensor(v) for v in state.values()):
+            return state
+        full = self.original(piece).shape
+        out = {}
+        for key, value in state.items():
+            if _is_dtensor(value):
+                value = value.to_local()
+            elif valid is not None and isinstance(value, Tensor) and value.shape == full:
+                value = value[:valid]
+            out[key] = value
+        return out
+
+    def reduce(self, entries: list[Any]) -> list[tuple[dict[str, list[float]], float]]:
+        """Global host values of every entry's device pieces: ONE ``all_reduce`` (SUM) of one float64
+        table, then one device-to-host copy.
+
+        Args:
+            entries: the monitor's entries, in :attr:`local` order; each has ``.name``, ``.p`` (a local
+                piece from :attr:`local`) and ``.pieces``, a dict of float64 device tensors computed
+                from the local piece: ``"p"``, ``"grad"``, ``"u"`` (``(mean, m2)`` from
+                :func:`~monitored_optim.stats.moments`, shape ``(2,)``), ``"lost"`` (a count, shape
+                ``(1,)``), ``"verify"`` (two L2 norms, shape ``(2,)``). A piece may be missing on a
+                rank (no grad there, an unchanged local shard, an empty shard).
+
+        Returns:
+            Per entry ``(got, n)``, as the single-process path builds them from ``stats.to_host``:
+            ``got`` maps each piece that at least one rank had to its value for the whole parameter
+            (``[mean, m2]`` over all N elements, a piece missing on a rank counting as zeros there;
+            ``[count]``; ``[norm, norm]``), and ``n`` is N, the parameter's total element count (a
+            float holding an integer).
+
+        Raises:
+            RuntimeError: ranks disagree on the parameter names or count, or a rank failed to build
+                its part of the table (raised on every rank after the collective, so that none hangs).
+        """
+        slots = len(self.weights)
+        names = [getattr(e, "name", "") for e in entries]
+        fingerprint = float(zlib.crc32("\n".join([str(slots), *names]).encode()) & 0xFFFF)
+        local_error: Exception | None = None
+        try:
+            table = self._table(entries, fingerprint)
+        except Exception as err:  # join the collective anyway: a rank that skips it hangs the job
+            local_error = err
+            table = _empty_table(slots, fingerprint, _default_device())
+            table[0, 3] = 1.0
+        dist.all_reduce(table, op=dist.ReduceOp.SUM)
+        host = table.tolist() if table.device.type == "cpu" else table.cpu().tolist()
+        count, f_sum, f_sq, failed = host[0]
+        if failed:
+            here = f" (this rank: {type(local_error).__name__}: {local_error})" if local_error else ""
+            raise RuntimeError(f"monitored_optim: {int(failed)} rank(s) could not reduce their figures{here}") \
+                from local_error
+        if count != self.world or f_sum != self.world * fingerprint or f_sq != self.world * fingerprint ** 2:
+            raise RuntimeError(
+                "monitored_optim: the ranks of the default process group monitor different parameters "
+                "(their names or number differ), so figures cannot be combined. Every rank must step a "
+                "monitored optimizer over the same named parameters on the same steps (data, tensor and "
+                "fully sharded parallelism); pipeline stages that own different parameters are not supported.")
+        return [_hosted(host, self._slot[id(e.p)]) for e in entries]
+
+    def _table(self, entries: list[Any], fingerprint: float) -> Tensor:
+        """The local table, shape ``(1 + 5·slots, 4)`` float64. Row 0: ``(1, f, f², failed)``. Per
+        parameter slot s, rows ``1 + 5s + k`` for the pieces of :data:`_PIECES` in order, columns:
+        moments ``(w·n, w·Σx, w·Σx², present)``, count ``(w·c, 0, 0, present)``, norms
+        ``(w·a², w·b², 0, present)``; ``present`` is 1 where the rank had the piece (unweighted)."""
+        groups: dict[str, tuple[list[int], list[Tensor], list[tuple[float, float, float]]]] = {
+            kind: ([], [], []) for kind in set(_PIECES.values())}
+        for e in entries:
+            slot = self._slot.get(id(e.p))
+            if slot is None:
+                raise KeyError(f"entry {getattr(e, 'name', '?')!r} is not a parameter of this step's Sharding.local")
+            w, n = self.weights[slot], float(stats.count(e.p))
+            for key, value in e.pieces.items():
+                if key not in _PIECES:
+                    raise KeyError(f"monitored_optim.distributed does not know how to combine the piece "
+                                   f"{key!r} across ranks; add it to distributed._PIECES")
+                dest, tensors, scale = groups[_PIECES[key]]
+                dest.append(1 + len(_PIECES) * slot + _ORDER[key])
+                tensors.append(value)
+                scale.append((w * n, w, 1.0 if n > 0 else 0.0))
+        device = next((t[0].device for _, t, _ in groups.values() if t), None) or _default_device()
+        table = _empty_table(len(self.weights), fingerprint, device)
+        for kind, (dest, tensors, scale) in groups.items():
+            if not dest:
+                continue
+            x = torch.stack([t.to(device=device, dtype=torch.float64).reshape(-1) for t in tensors])
+            wn, w, nonempty = torch.tensor(scale, dtype=torch.float64).to(device).unbind(1)
+            zero = torch.zeros_like(wn)
+            if kind == "moments":
+                mean, m2 = x.unbind(1)
+                keep = nonempty > 0
+                w_sum = torch.where(keep, wn * mean, zero)
+                values = [wn, w_sum, torch.where(keep, w * m2 + w_sum * mean, zero)]
+            elif kind == "count":
+                values = [w * x[:, 0], zero, zero]
+            else:  # norms
+                values = [w * x[:, 0].square(), w * x[:, 1].square(), zero]
+            table.index_copy_(0, torch.tensor(dest, device=device), torch.stack([*values, torch.ones_like(wn)], 1))
+        return table
+
+
+_PIECES = {"p": "moments", "grad": "moments", "u": "moments", "lost": "count", "verify": "norms"}
+"""How each of the monitor's per-parameter device pieces combines across ranks."""
+
+_ORDER = {key: i for i, key in enumerate(_PIECES)}
+
+
+def _empty_table(slots: int, fingerprint: float, device: torch.device) -> Tensor:
+    table = torch.zeros(1 + len(_PIECES) * slots, _COLUMNS, dtype=torch.float64, device=device)
+    table[0, :3] = torch.tensor([1.0, fingerprint, fingerprint * fingerprint], dtype=torch.float64)
+    return table
+
+
+def _hosted(host: list[list[float]], slot: int) -> tuple[dict[str, list[float]], float]:
+    """``(got, n)`` of one slot from the reduced host table (see :meth:`Sharding.reduce`)."""
+    rows = host[1 + len(_PIECES) * slot: 1 + len(_PIECES) * (slot + 1)]
+    n = float(round(rows[_ORDER["p"]][0]))
+    got: dict[str, list[float]] = {}
+    for key, kind in _PIECES.items():
+        a, b, c, present = rows[_ORDER[key]]
+        if not present:
+            continue
+        if kind == "moments":
+            mean = b / n if n > 0 else 0.0
+            got[key] = [mean, max(c - b * mean, 0.0)] if n > 0 else [0.0, 0.0]
+        elif kind == "count":
+            got[key] = [a]
+        else:
+            got[key] = [math.sqrt(max(a, 0.0)), math.sqrt(max(b, 0.0))]
+    return got, n
+
+
+class _LocalOptimizer:
+    """What the monitor reads instead of a sharded optimizer (see :attr:`Sharding.local`)."""
+
+    def __init__(self, param_groups: list[dict[str, Any]], state: _LocalState, defaults: dict[str, Any]) -> None:
+        self.param_groups = param_groups
+        self.state = state
+        self.defaults = defaults
+
+
+class _LocalState:
+    """``state`` of :attr:`Sharding.local`: read-only, keyed by local piece, read at call time (the
+    optimizer creates its state lazily during the first step)."""
+
+    def __init__(self, sharding: Sharding) -> None:
+        self._sharding = sharding
+
+    def get(self, piece: Tensor, default: Any = None) -> Any:
+        state = self._sharding._state.get(self._sharding.original(piece))
+        return default if state is None else self._sharding.localize_state(piece, state)
+
+    def __getitem__(self, piece: Tensor) -> Any:
+        state = self.get(piece)
+        if state is None:
+            raise KeyError(piece)
+        return state
+
+    def __contains__(self, piece: object) -> bool:
+        return isinstance(piece, Tensor) and self.get(piece) is not None
+
+
+ELEMENTWISE_VIEWS = frozenset({"SgdView", "AdamView", "AdamaxView", "AdagradView", "AdadeltaView", "RMSpropView",
+                               "RpropView", "AsgdView", "NAdamView", "RAdamView", "SparseAdamView", "CloneView"})
+"""Views (by class name) whose rebuilt u is element-wise in (p, grad, state): exact on any piece of
+a parameter. Any other view (Muon, Adafactor, one added later) gets a clone for split parameters."""
+
+
+def _is_split(p: Tensor, zero: Any) -> bool:
+    """Whether this rank holds only part of ``p`` (a sharded DTensor or an FSDP1 shard)."""
+    if zero is not None:
+        return False
+    if _is_dtensor(p):
+        return _dtensor_pieces(p) > 1
+    if getattr(p, "_fsdp_flattened", False):
+        unit = _fsdp1_unit(p)
+        return unit is not None and _fsdp1_pieces(unit) > 1
+    return False
+
+
+def _is_dtensor(x: object) -> bool:
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(x, dtensor.DTensor)
+
+
+def _dtensor_pieces(p: Tensor) -> int:
+    """Number of distinct pieces of a DTensor: the product of the mesh sizes of its non-Replicate,
+    non-Partial dimensions (``_StridedShard.is_shard()`` is False in torch 2.13, hence the negation)."""
+    mesh = p.device_mesh
+    return math.prod(mesh.size(d) for d, pl in enumerate(p.placements)
+                     if not (pl.is_replicate() or pl.is_partial()))
+
+
+def _dtensor_piece(p: Tensor) -> Tensor:
+    """A plain alias of the DTensor's local tensor, with the grad laid out like ``p`` as its ``.grad``."""
+    piece = p.to_local().detach()
+    g = p.grad
+    if g is not None:
+        if _is_dtensor(g):
+            if tuple(g.placements) != tuple(p.placements) or g.device_mesh != p.device_mesh:
+                g = g.redistribute(p.device_mesh, _no_partial(p.placements))  # a collective: rare
+            g = g.to_local()
+            g = g.wait() if hasattr(g, "wait") else g
+        if g.shape == piece.shape:
+            piece.grad = g.detach()
+        else:
+            raise RuntimeError(f"monitored_optim: the local grad of a DTensor parameter has shape "
+                               f"{tuple(g.shape)}, its local shard {tuple(piece.shape)}")
+    return piece
+
+
+def _no_partial(placements: tuple[Any, ...]) -> list[Any]:
+    from torch.distributed.tensor import Replicate
+
+    return [Replicate() if pl.is_partial() else pl for pl in placements]
+
+
+# ----- FSDP1 -------------------------------------------------------------------------------------
+
+_FSDP1_UNITS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+"""parameter (FlatParameter or one of its original-parameter views) -> its FSDP1 module."""
+
+
+def _fsdp1_unit(p: Tensor) -> Any:
+    """The ``FullyShardedDataParallel`` unit whose flat parameter holds ``p``, or ``None``.
+
+    FSDP1 marks its flat parameters and, with ``use_orig_params=True``, the original parameters with
+    ``_fsdp_flattened``; nothing points back from them, so the units are found once by a garbage
+    collector scan (done again only when a new marked parameter appears).
+    """
+    unit = _FSDP1_UNITS.get(p)
+    if unit is None:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        for obj in gc.get_objects():
+            if isinstance(obj, FullyShardedDataParallel) and getattr(obj, "_handle", None) is not None:
+                flat = obj._handle.flat_param
+                _FSDP1_UNITS[flat] = obj
+                for q in (getattr(flat, "_params", None) or []) + (getattr(flat, "_shared_params", None) or []):
+                    _FSDP1_UNITS[q] = obj
+        unit = _FSDP1_UNITS.get(p)
+    return unit
+
+
+def _fsdp1_pieces(unit: Any) -> int:
+    """Distinct pieces of an FSDP1 unit's parameters: its sharding group's size, 1 for ``NO_SHARD``."""
+    from torch.distributed.fsdp import ShardingStrategy
+
+    if unit.sharding_strategy == ShardingStrategy.NO_SHARD:
+        return 1
+    return unit.process_group.size()
+
+
+# ----- ZeRO --------------------------------------------------------------------------------------
+
+_ZERO_PARENT: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _zero_parent(optimizer: torch.optim.Optimizer) -> Any:
+    """The ``ZeroRedundancyOptimizer`` whose local (inner) optimizer is ``optimizer``, or ``None``.
+
+    ZeRO builds its inner optimizer itself and keeps no reference the inner one could follow; its
+    ``_local_step`` is on the call stack whenever it steps the inner optimizer, so the frame is found
+    there once and remembered.
+    """
+    found = _ZERO_PARENT.get(optimizer)
+    if found is not None:
+        return found
+    zero_mod = sys.modules.get("torch.distributed.optim.zero_redundancy_optimizer")
+    if zero_mod is None:
+        return None
+    code = zero_mod.ZeroRedundancyOptimizer._local_step.__code__
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            owner = frame.f_locals.get("self")
+            if getattr(owner, "optim", None) is optimizer:
+                _ZERO_PARENT[optimizer] = owner
+                return owner
+        frame = frame.f_back
+    return None
+
+
+def _default_device() -> torch.device:
+    """Where the table lives when a rank has no moment rows: the accelerator for NCCL-like backends."""
+    backend = str(dist.get_backend()).lower()
+    if "gloo" not in backend and "mpi" not in backend and torch.accelerator.is_available():
+        acc = torch.accelerator.current_accelerator()
+        return torch.device(acc.type, torch.accelerator.current_device_index())
+    return torch.device("cpu")
+
+
+__all__ = ["ELEMENTWISE_VIEWS", "Sharding", "initialized", "is_writer", "sharding"]
