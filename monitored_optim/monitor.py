@@ -287,12 +287,17 @@ def _parameter_figures(name: str, p: stats.Moments, g: stats.Moments | None, u: 
 
 
 def _learning_rates(optimizer: torch.optim.Optimizer) -> dict[str, float]:
-    out = {}
+    """``lr/group{i}`` (or ``lr/{name}``) per param group; Tensor lrs are read in one batch."""
+    labels, values = [], []
     for i, group in enumerate(optimizer.param_groups):
         if "lr" in group:
-            label = group["name"] if isinstance(group.get("name"), str) else f"group{i}"
-            out[f"lr/{label}"] = float(group["lr"])
-    return out
+            labels.append(group["name"] if isinstance(group.get("name"), str) else f"group{i}")
+            values.append(group["lr"])
+    tensors = [v for v in values if isinstance(v, Tensor)]
+    if tensors:  # one copy, not a host read per group
+        read = iter(torch.stack([t.detach().reshape(()).double().cpu() for t in tensors]).tolist())
+        values = [next(read) if isinstance(v, Tensor) else v for v in values]
+    return {f"lr/{label}": float(v) for label, v in zip(labels, values)}
 
 
 def _record_grads_after_closure(entries: list[_Entry], args: tuple[Any, ...],

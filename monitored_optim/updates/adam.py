@@ -37,8 +37,8 @@ class AdamView:
             return None
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
         step = state["step"]
-        if not (group["capturable"] or group["differentiable"]):
-            step = step.item() if isinstance(step, Tensor) else step
+        if not (group["capturable"] or group["differentiable"]) and isinstance(step, Tensor):
+            step = step.double()  # torch uses step.item() in Python doubles; same values, no host read
         bc1 = 1 - beta1**step
         bc2 = 1 - beta2**step
         step_size = lr / bc1

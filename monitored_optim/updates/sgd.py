@@ -30,10 +30,6 @@ from torch.optim.optimizer import _default_to_fused_or_foreach
 from .clone import Cloned
 
 
-def _scalar(x: float | Tensor) -> float:
-    return float(x) if isinstance(x, Tensor) else x
-
-
 def _dense(g: Tensor) -> Tensor:
     return g.coalesce().to_dense() if g.is_sparse else g
 
@@ -49,19 +45,23 @@ class SgdView:
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:
         if p.grad is None:
             return None
-        lr, momentum = _scalar(group["lr"]), group["momentum"]
+        lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
         if momentum != 0 and not group["nesterov"]:
             return state["momentum_buffer"] * -lr
-        wd = _scalar(group["weight_decay"])
-        if group["nesterov"] and wd == 0 and not group["maximize"] and _ran_foreach(group):
+        if group["nesterov"] and _is_zero(wd) and not group["maximize"] and _ran_foreach(group):
             return _dense(p.grad) * -lr
         d = _dense(p.grad)
         d = d.neg() if group["maximize"] else d.clone()
-        if wd != 0:
-            d.add_(p.detach(), alpha=wd)
+        if not _is_zero(wd):
+            d.add_(p.detach() * wd)
         if momentum != 0:
             d.add_(state["momentum_buffer"], alpha=momentum)
         return d.mul_(-lr / (1.0 - lr * wd))
+
+
+def _is_zero(x: float | Tensor) -> bool:
+    """``x == 0`` as torch's SGD decides it (a Tensor weight decay is read, as torch reads it)."""
+    return float(x) == 0.0 if isinstance(x, Tensor) else x == 0
 
 
 def _ran_foreach(group: dict[str, Any]) -> bool:
