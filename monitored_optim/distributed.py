@@ -1,18 +1,21 @@
 """Sharded and replicated training: every figure describes the whole parameter, written once.
 
 Under ``torch.distributed`` each rank holds a piece of each parameter, or a copy of it. On a
-logging step every rank reduces what it holds (its *local shard*) to per-tensor moments
-``(n, mean, m2)`` exactly as in the single-process path (:func:`monitored_optim.stats.moments`,
-Welford, on plain local tensors: no DTensor reduction, so no hidden collective), then converts them
-to weighted power sums in float64
+logging step the monitor reads, through :attr:`Sharding.local`, only plain local tensors: the views
+rebuild the update of the local piece, and :func:`monitored_optim.stats.moments` reduces p_before,
+grad and update of the local piece to ``(mean, m2)`` exactly as in the single-process path (no
+DTensor reduction, so no hidden collective). :meth:`Sharding.reduce` turns them into weighted power
+sums in float64
 
     (w·n, w·Σx, w·Σx²),   Σx = n·mean,   Σx² = m2 + n·mean²,
 
-puts them into one stacked table (one row per parameter and kind: p_before, grad, update) and calls
-**one** ``all_reduce(SUM)`` over the default process group. From the sums, for the whole parameter,
-``mean = Σx / N`` and ``m2 = Σx² - Σx·mean`` (Chan, Golub & LeVeque 1979, in power-sum form). In
-float64 the relative error of ``m2`` is about ``1e-16·(mean/std)²``: a LayerNorm weight near 1.0
-with std 1e-4 keeps about 8 significant digits of its variance.
+stacks them into one table (per parameter: p, grad, update, the bf16 lost-update count, the verify
+norms; see :data:`_PIECES`) and calls **one** ``all_reduce(SUM)`` over the default process group,
+then copies the table to the host once. For the whole parameter of N elements,
+``mean = Σx / N`` and ``m2 = Σx² - Σx·mean`` (Chan, Golub & LeVeque 1979, in power-sum form).
+Precision: the float64 cancellation costs ``~1e-16·(mean/std)²`` of m2 (1e-8 for a LayerNorm weight
+near 1.0 with std 1e-4); the float32 rounding δ of each piece's mean costs ``~2·δ·Δμ/std²`` (Δμ the
+gap between the pieces' means), ~1e-5 of m2 for that weight on 256-element shards.
 
 The weight ``w`` of a local piece is ``1 / (number of ranks holding that same piece)``, so that every
 element of every parameter counts exactly once over the world of ``W`` ranks:
@@ -25,25 +28,32 @@ wrapped as the monitored class)
 ``DTensor`` (FSDP2 ``fully_shard``, tensor parallel)    ``S / W``, S = product of the mesh sizes of
                                                         the dimensions whose placement is not
                                                         ``Replicate`` (``Shard``, ``_StridedShard``,
-                                                        any other); ``Partial`` grads are reduced
-                                                        to the parameter's placements first
+                                                        any other); a ``Partial`` grad is first
+                                                        redistributed to the parameter's placements
+                                                        (one more collective, only then)
 FSDP1 parameter (``use_orig_params=True`` views, or     ``S / W``, S = size of the unit's sharding
 the ``FlatParameter`` itself, its padding excluded)     group (1 for ``NO_SHARD``)
 ZeRO inner optimizer (``optimizer_class=Monitored(…)``)  ``G / W`` on the rank owning the parameter in
                                                         ZeRO's group of size G, 0 elsewhere
 =====================================================  ==========================================
 
-Uneven and empty shards need nothing special: an empty piece contributes ``n = 0``. Every rank
-always joins the collective, whatever it holds, and every rank sees the same table layout (the same
-parameters in the same order); a fingerprint of the parameter names travels in the table and a
-disagreement raises on every rank instead of mixing up figures. Only rank 0 of the default group
-writes to the backends (:func:`is_writer`); every rank gets the global figures.
+Uneven and empty shards need nothing special: an empty piece contributes ``n = 0`` (its NaN mean is
+masked). A piece missing on a rank (no grad on an empty FSDP1 shard, an unchanged piece) counts as
+zeros there; a grad exists if any rank had one. Every rank always joins the collective, whatever it
+holds, and builds the same table layout (the same parameters in the same order, for a ZeRO inner
+optimizer ZeRO's full list); a fingerprint of the names travels in the table, and a rank that failed
+to build its part still joins with a failure flag, so a disagreement or a failure raises on every
+rank instead of hanging or mixing up figures. Views that are not element-wise (Muon, Adafactor)
+cannot rebuild a shard's update from the shard: split parameters get a clone of their local piece
+(:meth:`Sharding.clone_where_needed`). Only rank 0 of the default group writes to the backends
+(:func:`is_writer`); every rank gets the global figures.
 
 Assumptions (SPMD training): every rank of the default group calls ``step()`` of its monitored
 optimizer on the same steps, over the same named parameters; a plain tensor is a replica of the same
 parameter on every rank; the meshes and groups of sharded parameters, with their replicas, tile the
-world. Pipeline parallelism, where ranks own different parameters, is detected (the fingerprints
-differ) and refused.
+world. Ranks that monitor different parameters (pipeline stages) are refused when their tables have
+the same size; otherwise the collective itself fails (gloo aborts: "Received data size doesn't match
+expected size").
 
 Sources: ``torch/distributed/tensor/placement_types.py`` (placements),
 ``torch/distributed/fsdp/_flat_param.py`` (FSDP1 views and padding),
@@ -55,9 +65,7 @@ from __future__ import annotations
 import gc
 import math
 import sys
-import warnings
 import zlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -67,12 +75,6 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import stats
 from .updates import Cloned
-
-# An empty local shard (FSDP1 puts (0,)-shaped views on ranks that hold none of a parameter) has
-# moments (nan, nan) and n = 0, which the weighting below discards; torch warns about the
-# zero-size var_mean on every logging step. Silenced for this package's stats module only.
-warnings.filterwarnings("ignore", message=r"var_mean\(\): degrees of freedom is <= 0",
-                        category=UserWarning, module=r"monitored_optim\.stats")
 
 _COLUMNS = 4
 """Table columns (see :meth:`Sharding._table`)."""
@@ -129,6 +131,8 @@ class Sharding:
         self._slot: dict[int, int] = {}
         self._narrow: dict[int, int] = {}
         self._split: set[int] = set()
+        self._grad_seen: dict[int, Tensor | None] = {}
+        self._regrad: set[int] = set()
         self.weights: list[float] = []
         groups = []
         for group in source.param_groups:
@@ -136,6 +140,8 @@ class Sharding:
             for p in group["params"]:
                 piece, weight, valid = self._piece(p, optimizer, zero)
                 self._orig[id(piece)] = p
+                if piece is not p:
+                    self._grad_seen[id(piece)] = p.grad
                 self._slot[id(piece)] = len(self.weights)
                 if valid is not None:
                     self._narrow[id(piece)] = valid
@@ -162,8 +168,7 @@ class Sharding:
                 if padded:
                     valid = p.numel() - padded
                     piece = p.detach()[:valid]
-                    if p.grad is not None:
-                        piece.grad = p.grad.detach()[:valid]
+                    _set_local_grad(piece, p, valid)
                     return piece, weight, valid
                 return p, weight, None
         return p, 1.0 / self.world, None
@@ -186,8 +191,19 @@ class Sharding:
             return
         for e in entries:
             if id(e.p) in self._split and not isinstance(e.snapshot, Cloned):
-                copy, e.clone = (e.clone, None) if getattr(e, "clone", None) is not None else (e.p.detach().clone(), None)
-                e.snapshot = Cloned(copy)
+                taken = getattr(e, "clone", None)  # verify mode's clone, if any, is the same copy
+                e.snapshot = Cloned(taken if taken is not None else e.p.detach().clone())
+                e.clone = None
+
+    def refresh_grad(self, piece: Tensor) -> None:
+        """Point ``piece.grad`` at the parameter's current grad if the parameter got a new one since
+        (a closure run inside ``step()``); the monitor reads ``state`` just before each view call."""
+        if id(piece) in self._grad_seen:
+            p = self.original(piece)
+            if p.grad is not self._grad_seen[id(piece)]:
+                self._grad_seen[id(piece)] = p.grad
+                self._regrad.add(id(piece))
+                _set_local_grad(piece, p, self._narrow.get(id(piece)))
 
     def original(self, piece: Tensor) -> Tensor:
         """The parameter whose local piece is ``piece``."""
@@ -261,40 +277,40 @@ class Sharding:
         """The local table, shape ``(1 + 5·slots, 4)`` float64. Row 0: ``(1, f, f², failed)``. Per
         parameter slot s, rows ``1 + 5s + k`` for the pieces of :data:`_PIECES` in order, columns:
         moments ``(w·n, w·Σx, w·Σx², present)``, count ``(w·c, 0, 0, present)``, norms
-        ``(w·a², w·b², 0, present)``; ``present`` is 1 where the rank had the piece (unweighted)."""
-        groups: dict[str, tuple[list[int], list[Tensor], list[tuple[float, float, float]]]] = {
-            kind: ([], [], []) for kind in set(_PIECES.values())}
+        ``(w·a², w·b², 0, present)``; ``present`` is 1 where the rank had the piece (unweighted).
+        Built with one stack of the pieces, one small host-to-device copy and one scatter."""
+        values, meta = [], []  # meta per piece: (table row, w·n, w, n > 0, kind code)
         for e in entries:
             slot = self._slot.get(id(e.p))
             if slot is None:
                 raise KeyError(f"entry {getattr(e, 'name', '?')!r} is not a parameter of this step's Sharding.local")
+            if id(e.p) in self._regrad:  # a closure made a new grad inside step(): the piece saw it late
+                e.pieces.pop("grad", None)
+                if e.p.grad is not None:
+                    e.pieces["grad"] = stats.moments(e.p.grad)
             w, n = self.weights[slot], float(stats.count(e.p))
             for key, value in e.pieces.items():
                 if key not in _PIECES:
                     raise KeyError(f"monitored_optim.distributed does not know how to combine the piece "
                                    f"{key!r} across ranks; add it to distributed._PIECES")
-                dest, tensors, scale = groups[_PIECES[key]]
-                dest.append(1 + len(_PIECES) * slot + _ORDER[key])
-                tensors.append(value)
-                scale.append((w * n, w, 1.0 if n > 0 else 0.0))
-        device = next((t[0].device for _, t, _ in groups.values() if t), None) or _default_device()
+                values.append(value.reshape(-1))
+                meta.append((1 + len(_PIECES) * slot + _ORDER[key], w * n, w, float(n > 0), _KIND[_PIECES[key]]))
+        device = values[0].device if values else _default_device()
         table = _empty_table(len(self.weights), fingerprint, device)
-        for kind, (dest, tensors, scale) in groups.items():
-            if not dest:
-                continue
-            x = torch.stack([t.to(device=device, dtype=torch.float64).reshape(-1) for t in tensors])
-            wn, w, nonempty = torch.tensor(scale, dtype=torch.float64).to(device).unbind(1)
-            zero = torch.zeros_like(wn)
-            if kind == "moments":
-                mean, m2 = x.unbind(1)
-                keep = nonempty > 0
-                w_sum = torch.where(keep, wn * mean, zero)
-                values = [wn, w_sum, torch.where(keep, w * m2 + w_sum * mean, zero)]
-            elif kind == "count":
-                values = [w * x[:, 0], zero, zero]
-            else:  # norms
-                values = [w * x[:, 0].square(), w * x[:, 1].square(), zero]
-            table.index_copy_(0, torch.tensor(dest, device=device), torch.stack([*values, torch.ones_like(wn)], 1))
+        if not values:
+            return table
+        x = torch.stack([torch.nn.functional.pad(v.to(device=device, dtype=torch.float64), (0, 2 - v.numel()))
+                         for v in values])
+        row, wn, w, nonempty, kind = torch.tensor(meta, dtype=torch.float64).to(device).unbind(1)
+        a, b = x.unbind(1)
+        zero = torch.zeros_like(wn)
+        w_sum = torch.where(nonempty > 0, wn * a, zero)  # moments: a = mean, b = m2 (NaN mean if empty)
+        moments = torch.stack([wn, w_sum, torch.where(nonempty > 0, w * b + w_sum * a, zero)], 1)
+        count = torch.stack([w * a, zero, zero], 1)
+        norms = torch.stack([w * a.square(), w * b.square(), zero], 1)
+        k = kind.unsqueeze(1)
+        sums = torch.where(k == _KIND["moments"], moments, torch.where(k == _KIND["count"], count, norms))
+        table.index_copy_(0, row.long(), torch.cat([sums, torch.ones_like(wn).unsqueeze(1)], 1))
         return table
 
 
@@ -302,6 +318,7 @@ _PIECES = {"p": "moments", "grad": "moments", "u": "moments", "lost": "count", "
 """How each of the monitor's per-parameter device pieces combines across ranks."""
 
 _ORDER = {key: i for i, key in enumerate(_PIECES)}
+_KIND = {"moments": 0.0, "count": 1.0, "norms": 2.0}
 
 
 def _empty_table(slots: int, fingerprint: float, device: torch.device) -> Tensor:
@@ -346,6 +363,7 @@ class _LocalState:
         self._sharding = sharding
 
     def get(self, piece: Tensor, default: Any = None) -> Any:
+        self._sharding.refresh_grad(piece)
         state = self._sharding._state.get(self._sharding.original(piece))
         return default if state is None else self._sharding.localize_state(piece, state)
 
@@ -393,19 +411,33 @@ def _dtensor_pieces(p: Tensor) -> int:
 def _dtensor_piece(p: Tensor) -> Tensor:
     """A plain alias of the DTensor's local tensor, with the grad laid out like ``p`` as its ``.grad``."""
     piece = p.to_local().detach()
-    g = p.grad
-    if g is not None:
-        if _is_dtensor(g):
-            if tuple(g.placements) != tuple(p.placements) or g.device_mesh != p.device_mesh:
-                g = g.redistribute(p.device_mesh, _no_partial(p.placements))  # a collective: rare
-            g = g.to_local()
-            g = g.wait() if hasattr(g, "wait") else g
-        if g.shape == piece.shape:
-            piece.grad = g.detach()
-        else:
-            raise RuntimeError(f"monitored_optim: the local grad of a DTensor parameter has shape "
-                               f"{tuple(g.shape)}, its local shard {tuple(piece.shape)}")
+    _set_local_grad(piece, p, None)
     return piece
+
+
+def _set_local_grad(piece: Tensor, p: Tensor, valid: int | None) -> None:
+    """``piece.grad`` = the local part of ``p.grad`` matching ``piece`` (``None`` without a grad).
+
+    A DTensor grad laid out unlike ``p`` (a ``Partial`` sum) is redistributed to ``p``'s placements
+    first: one collective, only then. ``valid`` narrows an FSDP1 flat shard's grad past its padding.
+
+    Raises:
+        RuntimeError: the local grad's shape differs from the local piece's.
+    """
+    g = p.grad
+    if g is None:
+        piece.grad = None
+        return
+    if _is_dtensor(g):
+        if tuple(g.placements) != tuple(p.placements) or g.device_mesh != p.device_mesh:
+            g = g.redistribute(p.device_mesh, _no_partial(p.placements))  # a collective: rare
+        g = g.to_local()
+        g = g.wait() if hasattr(g, "wait") else g
+    g = g.detach() if valid is None else g.detach()[:valid]
+    if g.shape != piece.shape:
+        raise RuntimeError(f"monitored_optim: the local grad of a sharded parameter has shape "
+                           f"{tuple(g.shape)}, its local piece {tuple(piece.shape)}")
+    piece.grad = g
 
 
 def _no_partial(placements: tuple[Any, ...]) -> list[Any]:
@@ -418,6 +450,7 @@ def _no_partial(placements: tuple[Any, ...]) -> list[Any]:
 
 _FSDP1_UNITS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 """parameter (FlatParameter or one of its original-parameter views) -> its FSDP1 module."""
+_NO_UNIT = object()
 
 
 def _fsdp1_unit(p: Tensor) -> Any:
@@ -431,14 +464,14 @@ def _fsdp1_unit(p: Tensor) -> Any:
     if unit is None:
         from torch.distributed.fsdp import FullyShardedDataParallel
 
-        for obj in gc.get_objects():
-            if isinstance(obj, FullyShardedDataParallel) and getattr(obj, "_handle", None) is not None:
+        for obj in gc.get_objects():  # type(), not isinstance(): no __class__ lookups (deprecation proxies warn)
+            if issubclass(type(obj), FullyShardedDataParallel) and getattr(obj, "_handle", None) is not None:
                 flat = obj._handle.flat_param
                 _FSDP1_UNITS[flat] = obj
                 for q in (getattr(flat, "_params", None) or []) + (getattr(flat, "_shared_params", None) or []):
                     _FSDP1_UNITS[q] = obj
-        unit = _FSDP1_UNITS.get(p)
-    return unit
+        unit = _FSDP1_UNITS.setdefault(p, _NO_UNIT)  # not found: remembered, no scan at every step
+    return None if unit is _NO_UNIT else unit
 
 
 def _fsdp1_pieces(unit: Any) -> int:

@@ -1,0 +1,480 @@
+"""Sharded and replicated training on CPU/gloo: the figures of every rank equal a single-process run
+on the same data, each logging step issues exactly one collective (none otherwise), and only rank 0
+writes.
+
+Engines: DDP, FSDP2 ``fully_shard`` (uneven and empty shards), FSDP1 ``use_orig_params=True`` (empty
+shards, no grad on them), ZeroRedundancyOptimizer wrapped as the monitored class and with a monitored
+inner class, FSDP2 x tensor parallel on a (2, 2) mesh. Processes are forked (2, or 4 for the mesh),
+each test on its own free port, under a hard deadline: a hang kills the processes and fails.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import multiprocessing
+import os
+import pickle
+import socket
+import time
+import traceback
+from collections import OrderedDict
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh  # imported once here, before the forks
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from monitored_optim import Monitored, MonitorConfig
+from monitored_optim import distributed as mdist
+
+pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                reason="torch.distributed with gloo is not available")
+
+STEPS, EVERY, BATCH = 4, 2, 16
+"""Steps 1, 3 do not log; steps 2, 4 do."""
+OPT = dict(lr=1e-2, weight_decay=0.1)
+RATIO_TOL, NORM_RTOL = 2e-3, 1e-4
+"""As tests/test_exactness.py for fp32: log10 ratios absolute, norms relative."""
+DEADLINE = 90.0
+"""Seconds a test's processes may run in total before they are killed and the test fails."""
+
+
+# ----- the model, the data and the single-process reference -------------------------------------
+
+def model() -> nn.Module:
+    """fc1 (6, 7) -> tanh -> fc2 (3, 6) -> tanh -> norm (3,) -> head (1, 3) + (1,). On 2 shards of dim
+    0: fc2 and norm split 2/1, head 1/0 (an empty shard, the (1,) bias among them). The norm weight
+    is near 1.0 with std 1e-4, the hard case for combining moments across ranks."""
+    torch.manual_seed(0)
+    net = nn.Sequential(OrderedDict(fc1=nn.Linear(7, 6), act1=nn.Tanh(), fc2=nn.Linear(6, 3),
+                                    act2=nn.Tanh(), norm=nn.LayerNorm(3), head=nn.Linear(3, 1)))
+    with torch.no_grad():
+        net.norm.weight.copy_(1.0 + 1e-4 * torch.randn(3))
+        net.norm.bias.copy_(1e-2 * torch.randn(3))
+    return net
+
+
+def batch(step: int, part: int = 0, parts: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's full batch of BATCH rows, or its ``part``-th of ``parts`` equal slices."""
+    g = torch.Generator().manual_seed(100 + step)
+    x, y = torch.randn(BATCH, 7, generator=g), torch.randn(BATCH, 1, generator=g)
+    rows = slice(part * BATCH // parts, (part + 1) * BATCH // parts)
+    return x[rows], y[rows]
+
+
+def loss_of(net: nn.Module, step: int, part: int = 0, parts: int = 1) -> torch.Tensor:
+    x, y = batch(step, part, parts)
+    return (net(x) - y).pow(2).mean()
+
+
+def reference(logdir) -> dict[int, dict[str, float]]:
+    """The figures of a single-process run on the full batches, by logging step."""
+    net = model()
+    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT,
+                                       monitor=MonitorConfig(backend="none", every=EVERY, logdir=logdir))
+    out = {}
+    for step in range(1, STEPS + 1):
+        opt.zero_grad()
+        loss_of(net, step).backward()
+        opt.step()
+        if step % EVERY == 0:
+            out[step] = dict(opt.monitor.latest)
+    return out
+
+
+def canonical(tag: str) -> str:
+    """A tag with the engines' wrapper prefixes removed, to match the single-process names."""
+    return tag.replace("_fsdp_wrapped_module.", "").replace("/module.", "/")
+
+
+def assert_close_to_reference(got: dict[str, float], want: dict[str, float]) -> dict[str, float]:
+    """Same tags (after :func:`canonical`) and values within the fp32 tolerances; returns the errors
+    (``{"ratio": max abs, "norm": max rel}``)."""
+    got = {canonical(k): v for k, v in got.items()}
+    assert set(got) == set(want), sorted(set(got) ^ set(want))
+    err = {"ratio": 0.0, "norm": 0.0}
+    for tag, value in want.items():
+        if "_to_data/" in tag:
+            err["ratio"] = max(err["ratio"], abs(got[tag] - value))
+            assert abs(got[tag] - value) <= RATIO_TOL, (tag, got[tag], value)
+        elif "_norm" in tag:
+            err["norm"] = max(err["norm"], abs(got[tag] - value) / abs(value))
+            assert abs(got[tag] - value) <= NORM_RTOL * abs(value) + 1e-30, (tag, got[tag], value)
+        else:  # lr/..., health/...: exact
+            assert got[tag] == value, (tag, got[tag], value)
+    return err
+
+
+# ----- process harness ---------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(fn, rank: int, world: int, port: int, outdir: str) -> None:
+    code = 0
+    try:
+        torch.set_num_threads(1)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                          WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        try:
+            result = fn(rank, world, outdir)
+        finally:
+            dist.destroy_process_group()
+        with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as f:
+            pickle.dump(result, f)
+    except BaseException:
+        with open(os.path.join(outdir, f"rank{rank}.err"), "w") as f:
+            f.write(traceback.format_exc())
+        code = 1
+    finally:
+        os._exit(code)  # no atexit handlers or pytest teardown in a forked child
+
+
+def launch(fn, world: int, tmp_path) -> list:
+    """Run ``fn(rank, world, outdir)`` in ``world`` forked processes on a fresh gloo group; return the
+    results by rank. Fails (after killing every process) past :data:`DEADLINE` or on any error."""
+    outdir = str(tmp_path)
+    ctx = multiprocessing.get_context("fork")
+    port = _free_port()
+    procs = [ctx.Process(target=_child, args=(fn, r, world, port, outdir), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + DEADLINE
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+    errors = {r: (tmp_path / f"rank{r}.err").read_text() for r in range(world) if (tmp_path / f"rank{r}.err").exists()}
+    assert not errors, "\n".join(f"--- rank {r} ---\n{e}" for r, e in errors.items())
+    assert not hung, f"ranks {hung} still running after {DEADLINE} s (hang); killed"
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    return [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(world)]
+
+
+class CountCollectives(TorchDispatchMode):
+    """Counts c10d collectives (``c10d.*`` and functional ``_c10d_functional.*`` ops) dispatched
+    while active: ``dist.all_reduce``, ``dist.broadcast``, DTensor redistributions alike."""
+
+    NOT_COLLECTIVES = ("wait_tensor", "_wrap_tensor_autograd")
+    """Bookkeeping ops of functional collectives (the wait on, the wrapping of a result)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "c10d" in func.namespace and func._opname not in self.NOT_COLLECTIVES:
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def train(opt, net: nn.Module, part: int, parts: int, monitor_of=None) -> dict:
+    """Run STEPS steps on this rank's slice of each batch; record per step the collectives issued
+    inside ``opt.step()`` and, at logging steps, the monitor's latest figures."""
+    monitor = (monitor_of or (lambda o: o.monitor))(opt)
+    counts, latest = [], {}
+    for step in range(1, STEPS + 1):
+        opt.zero_grad()
+        loss_of(net, step, part, parts).backward()
+        with CountCollectives() as c:
+            opt.step()
+        counts.append(c.ops)
+        if step % EVERY == 0:
+            latest[step] = dict(monitor.latest)
+    return {"counts": counts, "latest": latest, "writer": mdist.is_writer(), "step": monitor.step}
+
+
+def config(outdir: str) -> MonitorConfig:
+    return MonitorConfig(backend="jsonl", every=EVERY, logdir=os.path.join(outdir, "logs"))
+
+
+# ----- checks shared by every engine -------------------------------------------------------------
+
+def check(results: list[dict], want: dict[int, dict[str, float]], tmp_path, plain_ops: int = 0) -> dict:
+    """Figures equal on every rank and close to the reference; one collective per logging step,
+    none otherwise (beyond ``plain_ops``, the engine's own inside step); one writer."""
+    errors = {"ratio": 0.0, "norm": 0.0}
+    for r, res in enumerate(results):
+        assert res["step"] == STEPS
+        assert res["latest"] == results[0]["latest"], f"rank {r} disagrees with rank 0"
+        for step, figures in res["latest"].items():
+            err = assert_close_to_reference(figures, want[step])
+            errors = {k: max(errors[k], err[k]) for k in errors}
+        for step, ops in enumerate(res["counts"], start=1):
+            if step % EVERY:  # not logging: the engine's own collectives inside step(), if any
+                assert len(ops) == plain_ops, (r, step, ops)
+            else:  # logging: exactly one more, the all_reduce of the table
+                assert len(ops) == plain_ops + 1 and ops.count("c10d.allreduce_.default") == \
+                    res["counts"][0].count("c10d.allreduce_.default") + 1, (r, step, ops)
+    assert [res["writer"] for res in results] == [True] + [False] * (len(results) - 1)
+    lines = (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [s for s in range(1, STEPS + 1) if s % EVERY == 0]
+    assert json.loads(lines[-1]) == {"step": STEPS, **results[0]["latest"][STEPS]}
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["metrics.jsonl"]
+    return errors
+
+
+@pytest.fixture(scope="module")
+def want(tmp_path_factory):
+    return reference(tmp_path_factory.mktemp("reference"))
+
+
+# ----- engines -----------------------------------------------------------------------------------
+
+def _ddp(rank, world, outdir):
+    net = DDP(model())
+    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT, monitor=config(outdir))
+    return train(opt, net, rank, world)
+
+
+def test_ddp(tmp_path, want):
+    results = launch(_ddp, 2, tmp_path)
+    assert any(k.startswith("update_to_data/module.fc1.weight") for k in results[0]["latest"][STEPS])
+    print("ddp", check(results, want, tmp_path))
+
+
+def _fsdp2(rank, world, outdir):
+    net = model()
+    for name in ("fc1", "fc2", "norm", "head"):
+        fully_shard(getattr(net, name))
+    fully_shard(net)
+    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT, monitor=config(outdir))
+    shapes = {n: tuple(p.to_local().shape) for n, p in net.named_parameters()}
+    result = train(opt, net, rank, world)
+    return {**result, "shapes": shapes}
+
+
+def test_fsdp2_fully_shard_uneven_and_empty_shards(tmp_path, want):
+    results = launch(_fsdp2, 2, tmp_path)
+    assert results[0]["shapes"]["fc2.weight"] == (2, 6) and results[1]["shapes"]["fc2.weight"] == (1, 6)
+    assert results[0]["shapes"]["head.bias"] == (1,) and results[1]["shapes"]["head.bias"] == (0,)
+    print("fsdp2", check(results, want, tmp_path))
+
+
+def _fsdp1(rank, world, outdir):
+    net = FSDP1(model(), use_orig_params=True, device_id=torch.device("cpu"),
+                auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
+    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT, monitor=config(outdir))
+    result = train(opt, net, rank, world)
+    return {**result, "numels": {n: p.numel() for n, p in net.named_parameters()}}
+
+
+def test_fsdp1_use_orig_params(tmp_path, want):
+    results = launch(_fsdp1, 2, tmp_path)
+    assert 0 in results[0]["numels"].values() or 0 in results[1]["numels"].values()  # an empty shard
+    print("fsdp1", check(results, want, tmp_path))
+
+
+def _zero(rank, world, outdir, inner: bool):
+    net = DDP(model())
+    named = list(net.named_parameters())
+    groups = [{"params": [p for _, p in named], "param_names": [n for n, _ in named]}]
+    # The ZeRO step's own broadcasts, counted on a throwaway copy with the same partition.
+    spare = copy.deepcopy(net.module)
+    plain = ZeroRedundancyOptimizer(list(spare.parameters()), optimizer_class=torch.optim.AdamW, **OPT)
+    loss_of(spare, 1, rank, world).backward()
+    with CountCollectives() as c:
+        plain.step()
+    if inner:
+        opt = ZeroRedundancyOptimizer(groups, optimizer_class=Monitored(torch.optim.AdamW), **OPT,
+                                      monitor=config(outdir))
+        result = train(opt, net, rank, world, monitor_of=lambda o: o.optim.monitor)
+    else:
+        opt = Monitored(ZeroRedundancyOptimizer)(groups, optimizer_class=torch.optim.AdamW, **OPT,
+                                                 monitor=config(outdir))
+        result = train(opt, net, rank, world)
+    return {**result, "plain_ops": len(c.ops), "owned": len(opt.optim.param_groups[0]["params"])}
+
+
+def _zero_inner(rank, world, outdir):
+    return _zero(rank, world, outdir, inner=True)
+
+
+def _zero_outer(rank, world, outdir):
+    return _zero(rank, world, outdir, inner=False)
+
+
+@pytest.mark.parametrize("fn", [_zero_outer, _zero_inner], ids=["Monitored(ZeRO)", "ZeRO(Monitored(AdamW))"])
+def test_zero_redundancy_optimizer(fn, tmp_path, want):
+    results = launch(fn, 2, tmp_path)
+    assert sum(res["owned"] for res in results) == len(list(model().parameters()))  # really partitioned
+    plain = results[0]["plain_ops"]
+    assert plain > 0 and all(res["plain_ops"] == plain for res in results)
+    print(fn.__name__, check(results, want, tmp_path, plain_ops=plain))
+
+
+def _fsdp2_tp(rank, world, outdir):
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    net = model()
+    parallelize_module(net, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    for name in ("fc1", "fc2", "norm", "head"):
+        fully_shard(getattr(net, name), mesh=mesh["dp"])
+    fully_shard(net, mesh=mesh["dp"])
+    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT, monitor=config(outdir))
+    placements = {n: [type(pl).__name__ for pl in p.placements] for n, p in net.named_parameters()}
+    dp = mesh["dp"].get_local_rank()
+    return {**train(opt, net, dp, 2), "placements": placements}
+
+
+def test_fsdp2_x_tensor_parallel_2d_mesh(tmp_path, want):
+    results = launch(_fsdp2_tp, 4, tmp_path)
+    assert results[0]["placements"]["fc1.weight"] == ["_StridedShard", "Shard"]
+    assert results[0]["placements"]["fc2.bias"] == ["Shard", "Replicate"]
+    print("fsdp2 x tp", check(results, want, tmp_path))
+
+
+def _precision(rank, world, outdir):
+    """grad_to_data and update_to_data of a LayerNorm weight near 1.0 with std 1e-4, sharded 2 ways,
+    against float64 truth from the full tensors (gathered outside the monitored step)."""
+    torch.manual_seed(1)
+    net = nn.Sequential(OrderedDict(fc=nn.Linear(8, 512), norm=nn.LayerNorm(512)))
+    with torch.no_grad():
+        net.norm.weight.copy_(1.0 + 1e-4 * torch.randn(512))
+    for module in (net.fc, net.norm, net):
+        fully_shard(module)
+    opt = Monitored(torch.optim.SGD)(net.named_parameters(), lr=1e-3, monitor=MonitorConfig(backend="none"))
+    g = torch.Generator().manual_seed(rank)
+    net(torch.randn(4, 8, generator=g)).pow(3).mean().backward()
+    w = net.norm.weight
+    p, grad = w.full_tensor().double(), w.grad.full_tensor().double()
+    opt.step()
+    u = w.full_tensor().double() - p
+    latest = opt.monitor.latest
+    return {"grad": (latest["grad_to_data/norm.weight"], math.log10(grad.std().item() / p.std().item())),
+            "update": (latest["update_to_data/norm.weight"], math.log10(u.std().item() / p.std().item())),
+            "std": p.std().item(), "local": tuple(w.to_local().shape)}
+
+
+def test_moments_of_a_weight_near_one_combine_to_full_precision(tmp_path):
+    """Power sums in float64 keep the spread of a weight whose mean is 1e4 times its std (float32
+    power sums would lose all of it): grad_to_data matches float64 truth to 1e-4 in log10, 20 times
+    inside the fp32 tolerance. What remains is the float32 rounding of each shard's mean in
+    ``stats.moments`` (error ~ 2·δ·Δμ/σ² of the variance, δ the rounding, Δμ the shards' mean gap)."""
+    results = launch(_precision, 2, tmp_path)
+    for res in results:
+        assert res["local"] == (256,) and 5e-5 < res["std"] < 2e-4
+        got, truth = res["grad"]
+        assert abs(got - truth) < 1e-4, res
+        got, truth = res["update"]  # the view's u is the update asked for, truth the one rounded into p
+        assert abs(got - truth) < RATIO_TOL, res
+    print("precision", {k: abs(results[0][k][0] - results[0][k][1]) for k in ("grad", "update")})
+
+
+def _partial(rank, world, outdir):
+    """A Replicate DTensor parameter fed a Shard(0) input gets a Partial(sum) grad."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    w = nn.Parameter(distribute_tensor(torch.randn(3, 4), mesh, [Replicate()]))
+    opt = Monitored(torch.optim.SGD)([("w", w)], lr=0.1, monitor=MonitorConfig(backend="none", every=2))
+    counts, truth = [], {}
+    for step in (1, 2):
+        opt.zero_grad()
+        x = DTensor.from_local(torch.randn(5, 3, generator=torch.Generator().manual_seed(10 * step + rank)),
+                               mesh, [Shard(0)])
+        (x @ w).tanh().sum().backward()
+        placements = [type(pl).__name__ for pl in w.grad.placements]
+        p, g = w.full_tensor().double(), w.grad.full_tensor().double()
+        with CountCollectives() as c:
+            opt.step()
+        counts.append(c.ops)
+        truth = {"grad_norm/w": g.norm().item(), "grad_to_data/w": math.log10(g.std().item() / p.std().item())}
+    return {"counts": counts, "truth": truth, "placements": placements,
+            "latest": {k: opt.monitor.latest[k] for k in truth}}
+
+
+def test_partial_grad_is_reduced_before_its_moments(tmp_path):
+    """A Partial grad's local tensors are summands, not pieces: it is redistributed to the
+    parameter's placements first, one more collective on that logging step."""
+    for res in launch(_partial, 2, tmp_path):
+        assert res["placements"] == ["Partial"]
+        assert res["latest"]["grad_norm/w"] == pytest.approx(res["truth"]["grad_norm/w"], rel=1e-6)
+        assert res["latest"]["grad_to_data/w"] == pytest.approx(res["truth"]["grad_to_data/w"], abs=1e-6)
+        plain, logging = res["counts"]  # step 1 does not log: the optimizer's own collectives only
+        assert logging == plain + ["_c10d_functional.all_reduce.default", "c10d.allreduce_.default"], res["counts"]
+
+
+def _muon(rank, world, outdir):
+    """Muon's update is not element-wise: on FSDP2 shards the monitor clones the shard instead."""
+    torch.manual_seed(0)
+    net = nn.Sequential(OrderedDict(fc1=nn.Linear(6, 5, bias=False), act=nn.Tanh(), fc2=nn.Linear(5, 3, bias=False)))
+    for module in (net.fc1, net.fc2, net):
+        fully_shard(module)
+    opt = Monitored(torch.optim.Muon)(net.named_parameters(), lr=2e-2, monitor=MonitorConfig(backend="none"))
+    errors = []
+    for step in (1, 2):
+        opt.zero_grad()
+        net(batch(step, rank, world)[0][:, :6]).pow(2).mean().backward()
+        before = {n: p.full_tensor().double() for n, p in net.named_parameters()}
+        opt.step()
+        for n, p in net.named_parameters():
+            u = p.full_tensor().double() - before[n]
+            truth = math.log10(u.std().item() / before[n].std().item())
+            errors.append(abs(opt.monitor.latest[f"update_to_data/{n}"] - truth))
+    return max(errors)
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon needs torch >= 2.9")
+def test_views_that_are_not_elementwise_clone_the_shard(tmp_path):
+    for error in launch(_muon, 2, tmp_path):
+        assert error < 1e-6
+
+
+def _mismatch(rank, world, outdir):
+    """Ranks that monitor different parameters (pipeline stages): refused on every rank, no hang."""
+    stage = nn.Linear(3, 3) if rank == 0 else nn.Linear(3, 3, bias=False)
+    named = [(f"stage{rank}.{n}", p) for n, p in stage.named_parameters()]
+    named += [("extra", nn.Parameter(torch.ones(2)))] if rank == 1 else []
+    opt = Monitored(torch.optim.SGD)(named, lr=0.1, monitor=MonitorConfig(backend="none"))
+    stage(torch.ones(2, 3)).sum().backward()
+    try:
+        opt.step()
+    except RuntimeError as err:
+        return str(err)
+    return None
+
+
+def test_ranks_monitoring_different_parameters_raise_everywhere(tmp_path):
+    for message in launch(_mismatch, 2, tmp_path):
+        assert message is not None and "monitor different parameters" in message
+
+
+def test_single_process_is_untouched(tmp_path):
+    assert not mdist.initialized() and mdist.is_writer() and mdist.sharding(torch.optim.SGD([nn.Parameter(torch.ones(1))])) is None
+
+
+def test_digits_fsdp_example_runs_under_torchrun(tmp_path):
+    """examples/digits_fsdp.py on 2 CPU processes: trains, rank 0 alone writes and prints."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "digits_fsdp.py"
+    env = {**os.environ, "MONITORED_OPTIM_BACKEND": "jsonl", "MONITORED_OPTIM_LOGDIR": str(tmp_path / "logs"),
+           "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(example), "--epochs", "2"], env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 2 * 23 + 1))
+    assert out.stdout.count("test accuracy") == 1 and "fc2.weight" in out.stdout
+    line = next(line for line in out.stdout.splitlines() if line.startswith("head.bias "))
+    assert float(line.split()[1]) == round(rows[-1]["update_to_data/head.bias"], 2)
