@@ -149,11 +149,12 @@ class Monitor:
         for group, names in zip(optimizer.param_groups, _names(optimizer)):
             for name, p in zip(names, group["params"]):
                 e = _Entry(name, group, p, self.view.before(group, p, optimizer.state.get(p, {})))
-                e.pieces["p"] = stats.moments(p)
-                _record_grad(e, grad_scale)
                 if self.settings.verify and not isinstance(e.snapshot, Cloned):
                     e.clone = p.detach().clone()
                 entries.append(e)
+        for e, row in zip(entries, stats.moments_many([e.p for e in entries])):
+            e.pieces["p"] = row
+        _record_grads(entries, grad_scale)
         return entries
 
     @torch.no_grad()
@@ -236,17 +237,17 @@ def _owned(u: Tensor, p: Tensor, state: dict[str, Any]) -> bool:
     return all(t is None or t.is_sparse or t.untyped_storage().data_ptr() != ptr for t in held)
 
 
-def _record_grad(e: _Entry, grad_scale: Tensor | None) -> None:
-    """Moments of ``p.grad`` as the step uses it: unscaled when a fused GradScaler step passes its scale."""
-    grad = e.p.grad
-    e.pieces.pop("grad", None)
-    if grad is None:
-        return
-    row = stats.moments(grad)
-    if grad_scale is not None:
-        scale = grad_scale.double().to(row.device)
-        row = row / torch.stack([scale, scale * scale])
-    e.pieces["grad"] = row
+def _record_grads(entries: list[_Entry], grad_scale: Tensor | None) -> None:
+    """Moments of each ``p.grad`` as the step uses it: unscaled when a fused GradScaler step passes
+    its scale; no ``"grad"`` piece where the grad is ``None``."""
+    with_grad = [e for e in entries if e.p.grad is not None]
+    for e in entries:
+        e.pieces.pop("grad", None)
+    for e, row in zip(with_grad, stats.moments_many([e.p.grad for e in with_grad])):
+        if grad_scale is not None:
+            scale = grad_scale.double().to(row.device)
+            row = row / torch.stack([scale, scale * scale])
+        e.pieces["grad"] = row
 
 
 def _effective_update(p: Tensor, intended: Tensor) -> Tensor:
@@ -319,8 +320,7 @@ def _record_grads_after_closure(entries: list[_Entry], args: tuple[Any, ...],
         if not done:
             done = True
             with torch.no_grad():
-                for e in entries:
-                    _record_grad(e, None)
+                _record_grads(entries, None)
         return loss
 
     if in_kwargs:
