@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 BACKENDS = ("tensorboard", "wandb", "jsonl")
 """Backend names accepted in ``MonitorConfig.backend`` and ``MONITORED_OPTIM_BACKEND`` (plus ``none``)."""
 
@@ -103,15 +105,17 @@ def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = No
         config = MonitorConfig()
     if not isinstance(config, MonitorConfig):
         raise TypeError(f"monitor= expects a monitored_optim.MonitorConfig or None, got {config!r}")
+    if config.model is not None and not isinstance(config.model, torch.nn.Module):
+        raise ValueError(f"MonitorConfig.model={config.model!r} is not valid: expected a torch.nn.Module")
     env = os.environ if environ is None else environ
     backend, backend_src = _pick(config.backend, "MonitorConfig.backend", env, ENV_BACKEND)
-    logdir, _ = _pick(config.logdir, "MonitorConfig.logdir", env, ENV_LOGDIR)
+    logdir, logdir_src = _pick(config.logdir, "MonitorConfig.logdir", env, ENV_LOGDIR)
     every, every_src = _pick(config.every, "MonitorConfig.every", env, ENV_EVERY)
     strict, strict_src = _pick(config.strict, "MonitorConfig.strict", env, ENV_STRICT)
     verify, verify_src = _pick(config.verify, "MonitorConfig.verify", env, ENV_VERIFY)
     return Settings(
         backends=_parse_backends(DEFAULT_BACKEND if backend is None else backend, backend_src),
-        logdir=Path(logdir) if logdir is not None else default_logdir(),
+        logdir=_parse_logdir(logdir, logdir_src) if logdir is not None else default_logdir(),
         every=DEFAULT_EVERY if every is None else _parse_every(every, every_src),
         prefix=_parse_prefix(config.prefix),
         strict=False if strict is None else _parse_flag(strict, strict_src),
@@ -147,6 +151,14 @@ def _parse_backends(value: str | Sequence[str], source: str) -> tuple[str, ...]:
     if bad:
         raise ValueError(f"{source}={value!r} is not a valid backend ({bad[0]!r} is unknown): expected {allowed}")
     return tuple(dict.fromkeys(names))
+
+
+def _parse_logdir(value: Any, source: str) -> Path:
+    if isinstance(value, str):
+        value = value.strip()
+    if not isinstance(value, (str, os.PathLike)) or isinstance(value, bytes):
+        raise ValueError(f"{source}={value!r} is not a valid log directory: expected a path (str or os.PathLike)")
+    return Path(value).expanduser()
 
 
 def _parse_every(value: int | str, source: str) -> int:

@@ -10,6 +10,7 @@ to the backends.
 from __future__ import annotations
 
 import atexit
+import inspect
 import math
 import weakref
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from ._warnings import warn
 from .backends import Fanout
 from .config import MonitorConfig, Settings, resolve
 from .health import Health, ParamHealth
-from .updates import Cloned, View, view_for
+from .updates import Cloned, View, raw_step, view_for
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 VERIFY_RTOL = 1e-3
@@ -69,6 +70,7 @@ class Monitor:
         if distributed.is_writer():  # other ranks never write: no stray (differently timestamped) dirs
             _make_logdir(self.settings)
         self.view: View = view_for(optimizer_cls)
+        self._closure_first = _closure_is_first(optimizer_cls)
         self.step = 0
         self.base_calls = 0
         self.latest: dict[str, float] = {}
@@ -131,7 +133,7 @@ class Monitor:
                                getattr(optimizer, "grad_scale", None))
         if sharding is not None:  # views that are not element-wise cannot rebuild a shard's update
             sharding.clone_where_needed(entries, self.view)
-        args, kwargs = _record_grads_after_closure(entries, args, kwargs)
+        args, kwargs = _record_grads_after_closure(entries, args, kwargs, self._closure_first)
         self.base_calls += 1
         out = step_fn(optimizer, *args, **kwargs)
         self.step += 1
@@ -148,7 +150,9 @@ class Monitor:
         entries = []
         for group, names in zip(optimizer.param_groups, _names(optimizer)):
             for name, p in zip(names, group["params"]):
-                e = _Entry(name, group, p, self.view.before(group, p, optimizer.state.get(p, {})))
+                if not (p.is_floating_point() or p.is_complex()):
+                    continue  # integer tensors (frozen quantized weights) are never stepped
+                e = _Entry(name, group, p, self._snapshot(group, p, optimizer.state.get(p, {})))
                 if self.settings.verify and not isinstance(e.snapshot, Cloned):
                     e.clone = p.detach().clone()
                 entries.append(e)
@@ -156,6 +160,14 @@ class Monitor:
             e.pieces["p"] = row
         _record_grads(entries, grad_scale)
         return entries
+
+    def _snapshot(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Any:
+        """The view's snapshot, or a clone for a bf16/fp16 parameter under weight decay: its stored
+        value is rounded twice per step there (p*s, then +u), which the inversion in
+        :func:`_effective_update` cannot undo."""
+        if p.dtype in LOW_PRECISION and _nonzero(group.get("weight_decay", 0)):
+            return Cloned(p.detach().clone())
+        return self.view.before(group, p, state)
 
     @torch.no_grad()
     def _figures(self, optimizer: torch.optim.Optimizer, entries: list[_Entry],
@@ -176,7 +188,7 @@ class Monitor:
             g_m = stats.Moments(n, *got["grad"]) if "grad" in got else None
             u_m = stats.Moments(n, *got["u"]) if "u" in got else stats.Moments(n, 0.0, 0.0)
             figures.update(_parameter_figures(e.name, p_m, g_m, u_m))
-            if "lost" in got:
+            if "lost" in got and n > 0:
                 figures[f"update_lost/{e.name}"] = got["lost"][0] / n
             if "verify" in got:
                 errors.append(_verify_error(e, p_m, *got["verify"], told=self._verify_told))
@@ -200,8 +212,10 @@ class Monitor:
         """Add the update's moments (and, where they apply, lost-update and verify pieces) to ``e``."""
         cloned = isinstance(e.snapshot, Cloned)
         u = e.snapshot.update(e.p) if cloned else self.view.update(e.group, e.p, state, e.snapshot)
+        u = u.to_dense() if u is not None and u.is_sparse else u  # SGD momentum on sparse grads
         if u is not None and e.p.dtype in LOW_PRECISION:
-            asked = (e.p.grad != 0) if cloned and e.p.grad is not None else (u != 0)
+            grad = e.p.grad.to_dense() if e.p.grad is not None and e.p.grad.is_sparse else e.p.grad
+            asked = (grad != 0) if cloned and grad is not None else (u != 0)
             u = u if cloned else _effective_update(e.p, u)
             e.pieces["lost"] = ((u == 0) & asked).sum().double().reshape(1)
         if u is not None:
@@ -221,13 +235,25 @@ class Monitor:
 
 
 def _names(optimizer: torch.optim.Optimizer) -> list[list[str]]:
-    """Each group's ``param_names``, or ``param{k}`` numbered across groups where there are none."""
-    names, k = [], 0
-    for group in optimizer.param_groups:
+    """Each group's ``param_names``, or ``param{k}`` numbered across groups where there are none.
+
+    A name given twice (two modules' ``named_parameters()`` in two groups both say ``weight``) gets
+    ``@group{i}`` appended where it repeats, so that no figure overwrites another.
+    """
+    names, k, seen = [], 0, set()
+    for i, group in enumerate(optimizer.param_groups):
         given = group.get("param_names")
-        names.append(list(given) if given else [f"param{k + i}" for i in range(len(group["params"]))])
+        own = list(given) if given else [f"param{k + j}" for j in range(len(group["params"]))]
+        own = [n if n not in seen else f"{n}@group{i}" for n in own]
+        seen.update(own)
+        names.append(own)
         k += len(group["params"])
     return names
+
+
+def _nonzero(x: Any) -> bool:
+    """A weight decay that may be non-zero (a Tensor counts as non-zero: no host read for it)."""
+    return isinstance(x, Tensor) or bool(x)
 
 
 def _owned(u: Tensor, p: Tensor, state: dict[str, Any]) -> bool:
@@ -291,7 +317,7 @@ def _learning_rates(optimizer: torch.optim.Optimizer) -> dict[str, float]:
     """``lr/group{i}`` (or ``lr/{name}``) per param group; Tensor lrs are read in one batch."""
     labels, values = [], []
     for i, group in enumerate(optimizer.param_groups):
-        if "lr" in group:
+        if isinstance(group.get("lr"), (int, float, Tensor)):
             labels.append(group["name"] if isinstance(group.get("name"), str) else f"group{i}")
             values.append(group["lr"])
     tensors = [v for v in values if isinstance(v, Tensor)]
@@ -301,15 +327,24 @@ def _learning_rates(optimizer: torch.optim.Optimizer) -> dict[str, float]:
     return {f"lr/{label}": float(v) for label, v in zip(labels, values)}
 
 
-def _record_grads_after_closure(entries: list[_Entry], args: tuple[Any, ...],
-                                kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _closure_is_first(optimizer_cls: type) -> bool:
+    """Whether the base ``step``'s first argument after ``self`` is called ``closure``."""
+    try:
+        names = list(inspect.signature(raw_step(optimizer_cls)).parameters)
+    except (TypeError, ValueError):
+        return False
+    return names[1:2] == ["closure"]
+
+
+def _record_grads_after_closure(entries: list[_Entry], args: tuple[Any, ...], kwargs: dict[str, Any],
+                                closure_first: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Wrap a closure so that the grad moments are those its first call produced.
 
     A closure-driven step (``SGD.step(closure)``, ``LBFGS``) computes the gradient inside
     ``step()``; what ``p.grad`` held before is stale or ``None``.
     """
     in_kwargs = "closure" in kwargs
-    closure = kwargs["closure"] if in_kwargs else (args[0] if args else None)
+    closure = kwargs["closure"] if in_kwargs else (args[0] if args and closure_first else None)
     if not callable(closure):
         return args, kwargs
     done = False

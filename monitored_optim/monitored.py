@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ._warnings import warn
 from .config import MonitorConfig
 from .monitor import Monitor
 from .updates import raw_step
@@ -51,8 +52,8 @@ def Monitored(optimizer_cls: O) -> O:
     if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
         raise TypeError("Monitored() expects an optimizer class, a subclass of torch.optim.Optimizer "
                         f"such as torch.optim.AdamW (the class, not an instance); got {optimizer_cls!r}")
-    if "_monitored_base" in vars(optimizer_cls):
-        return optimizer_cls
+    if any("_monitored_base" in vars(c) for c in optimizer_cls.__mro__):
+        return optimizer_cls  # already monitored (or a user subclass of a monitored class)
     with _LOCK:
         if optimizer_cls not in _CACHE:
             _CACHE[optimizer_cls] = _build(optimizer_cls)
@@ -83,20 +84,22 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
         config, count = state.pop("_monitor_config", None), state.pop("_monitor_step", 0)
         base.__setstate__(self, state)
         if saved:
-            self._monitor = Monitor(config, base)
+            self._monitor = _rebuilt_monitor(config, base)
             self._monitor.step = count
             self._monitor.attach(self)
 
     def state_dict(self) -> dict[str, Any]:
         sd = base.state_dict(self)
-        sd["monitor"] = {"step": self.monitor.step}
+        if "_monitor" in vars(self):  # absent while a base __init__ calls state_dict()
+            sd["monitor"] = {"step": self._monitor.step}
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state_dict = dict(state_dict)
         saved = state_dict.pop("monitor", None)
         base.load_state_dict(self, state_dict)
-        self.monitor.step = int(saved["step"]) if saved else _step_from_state(self, self.monitor.step)
+        if "_monitor" in vars(self):
+            self._monitor.step = int(saved["step"]) if saved else _step_from_state(self, self._monitor.step)
 
     @property
     def monitor(self) -> Monitor:
@@ -139,6 +142,18 @@ def _metaclass(meta: type) -> type:
 
 def _reduce_class(cls: type) -> tuple[Any, tuple[type]]:
     return Monitored, (vars(cls)["_monitored_base"],)
+
+
+def _rebuilt_monitor(config: MonitorConfig | None, base: type) -> Monitor:
+    """The monitor of an unpickled optimizer; a configuration that no longer resolves here (a bad
+    environment variable, a log directory that cannot be created) warns and logs nothing rather
+    than making the checkpoint unloadable."""
+    try:
+        return Monitor(config, base)
+    except (ValueError, OSError, ImportError) as err:
+        warn(f"monitored_optim: the saved monitor configuration does not work here ({err}); "
+             "this optimizer logs nothing until you load it with a working configuration", RuntimeWarning)
+        return Monitor(MonitorConfig(backend="none", every=(config.every if config else None) or 1), base)
 
 
 def _step_from_state(optimizer: torch.optim.Optimizer, default: int) -> int:

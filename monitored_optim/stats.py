@@ -36,6 +36,8 @@ def moments(x: Tensor, scratch: bool = False) -> Tensor:
         Tensor of shape ``(2,)``, dtype float64. No host synchronisation.
     """
     dense = _dense_real(x)
+    if dense.numel() == 0:
+        return torch.zeros(2, dtype=torch.float64, device=dense.device)
     mean = dense.mean()
     in_place = scratch and not x.is_sparse and dense.data_ptr() == x.data_ptr()
     centred = dense.sub_(mean) if in_place else dense - mean
@@ -44,15 +46,17 @@ def moments(x: Tensor, scratch: bool = False) -> Tensor:
 
 
 CHUNK_BYTES = 4 * 2**20
-"""Bound on the centred copies :func:`moments_many` holds at once (bytes)."""
+"""Upper bound on the centred copies :func:`moments_many` holds at once (bytes)."""
 
 
 def moments_many(xs: list[Tensor]) -> list[Tensor]:
-    """:func:`moments` of every tensor, batched with ``torch._foreach_*`` over chunks of at most
-    :data:`CHUNK_BYTES` (a tensor larger than that is a chunk of its own).
+    """:func:`moments` of every tensor, batched with ``torch._foreach_*``, in bounded memory.
 
-    Same arithmetic as :func:`moments` (mean, then the sum and norm of the centred values), with
-    one kernel launch per chunk for the centring and the norms instead of several per tensor.
+    Same arithmetic as :func:`moments` (mean, then the sum and norm of the centred values). The
+    tensors are cut into contiguous slices (views) and centred in chunks of at most
+    ``min(CHUNK_BYTES, total bytes / 32)``, so the temporary copies stay a few percent of the
+    inputs' bytes whatever their sizes, with one kernel launch per chunk for the centring and the
+    norms instead of several per tensor.
 
     Args:
         xs: tensors as accepted by :func:`moments`, on any devices and dtypes.
@@ -61,14 +65,42 @@ def moments_many(xs: list[Tensor]) -> list[Tensor]:
         One float64 tensor of shape ``(2,)`` per input, in order, on the input's device.
     """
     dense = [_dense_real(x) for x in xs]
-    rows: list[Tensor] = []
-    for chunk in _chunks(dense):
-        means = [x.mean() for x in chunk]
-        centred = torch._foreach_sub(chunk, means)
-        residues = torch.stack([c.sum() for c in centred])
-        rows += _compensated(torch.stack(means), residues, torch.stack(torch._foreach_norm(centred)),
-                             [x.numel() for x in chunk]).unbind(0)
+    rows: list[Tensor] = [torch.zeros(2, dtype=torch.float64, device=x.device) for x in dense]
+    owners = [i for i, x in enumerate(dense) if x.numel() > 0]
+    if not owners:
+        return rows
+    limit = max(2**16, min(CHUNK_BYTES, sum(dense[i].numel() * dense[i].element_size() for i in owners) // 32))
+    means = {i: dense[i].mean() for i in owners}
+    slices = [(i, piece) for i in owners for piece in dense[i].split(max(1, limit // dense[i].element_size()))]
+    residues: dict[int, list[Tensor]] = {i: [] for i in owners}
+    squares: dict[int, list[Tensor]] = {i: [] for i in owners}
+    for chunk in _chunks(slices, limit):
+        centred = torch._foreach_sub([piece for _, piece in chunk], [means[i] for i, _ in chunk])
+        for (i, _), c, norm in zip(chunk, centred, torch._foreach_norm(centred)):
+            residues[i].append(c.sum())
+            squares[i].append(norm)
+        del centred
+    for i in owners:
+        r = torch.stack(residues[i]).double().sum()
+        q = torch.stack(squares[i]).double().square().sum()
+        rows[i] = _compensated(means[i].reshape(1), r.reshape(1), q.sqrt().reshape(1), [dense[i].numel()])[0]
     return rows
+
+
+def _chunks(slices: list[tuple[int, Tensor]], limit: int):
+    """Consecutive runs of slices of one device and dtype whose bytes add up to ``limit`` at most."""
+    run: list[tuple[int, Tensor]] = []
+    size = 0
+    for item in slices:
+        x = item[1]
+        nbytes = x.numel() * x.element_size()
+        if run and (size + nbytes > limit or (x.device, x.dtype) != (run[0][1].device, run[0][1].dtype)):
+            yield run
+            run, size = [], 0
+        run.append(item)
+        size += nbytes
+    if run:
+        yield run
 
 
 def _compensated(means: Tensor, residues: Tensor, norms: Tensor, counts: list[int]) -> Tensor:
@@ -78,21 +110,6 @@ def _compensated(means: Tensor, residues: Tensor, norms: Tensor, counts: list[in
     n = torch.tensor(counts, dtype=torch.float64, device=means.device)
     r = residues.double()
     return torch.stack([means.double() + r / n, norms.double().square() - r * r / n], 1)
-
-
-def _chunks(xs: list[Tensor]):
-    """Consecutive runs of tensors of one device and dtype whose bytes add up to CHUNK_BYTES at most."""
-    run: list[Tensor] = []
-    size = 0
-    for x in xs:
-        nbytes = x.numel() * x.element_size()
-        if run and (size + nbytes > CHUNK_BYTES or (x.device, x.dtype) != (run[0].device, run[0].dtype)):
-            yield run
-            run, size = [], 0
-        run.append(x)
-        size += nbytes
-    if run:
-        yield run
 
 
 def count(x: Tensor) -> int:
@@ -126,8 +143,8 @@ class Moments:
 
     @property
     def sq_norm(self) -> float:
-        """Squared L2 norm ``m2 + n * mean^2``."""
-        return max(self.m2, 0.0) + self.n * self.mean * self.mean
+        """Squared L2 norm ``m2 + n * mean^2`` (0 for an empty tensor)."""
+        return max(self.m2, 0.0) + self.n * self.mean * self.mean if self.n else 0.0
 
     @property
     def norm(self) -> float:

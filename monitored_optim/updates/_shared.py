@@ -1,4 +1,4 @@
-"""Small helpers shared by the state-aware views of Adamax, Adagrad, Adadelta, RMSprop, Rprop, ASGD.
+"""Small helpers shared by the state-aware views.
 
 Each is a pure function of the optimizer's own objects; none keeps state.
 """
@@ -21,9 +21,9 @@ rounding of p_after, amplified), the same order as the clone-based truth's own r
 def ran_foreach(group: dict[str, Any]) -> bool:
     """Whether torch took the ``_multi_tensor_*`` path for this group: the decision the functional
     API makes (``foreach`` as given, else ``_default_to_fused_or_foreach`` over the params with a
-    grad; always False on CPU)."""
+    grad, only when neither ``foreach`` nor ``fused`` is given; always False on CPU)."""
     foreach = group.get("foreach")
-    if foreach is None and not group.get("fused"):
+    if foreach is None and group.get("fused") is None:
         with_grad = [q for q in group["params"] if q.grad is not None]
         _, foreach = _default_to_fused_or_foreach(with_grad, group.get("differentiable", False), use_fused=False)
     return bool(foreach) and not torch.jit.is_scripting()
@@ -52,3 +52,17 @@ def in_double(x: float | Tensor) -> float | Tensor:
 def max_kappa(denom: Tensor, k: float | Tensor) -> float:
     """max over elements of |D| / |D - k| (host read: call only for CPU tensors)."""
     return (denom.abs() / (denom - k).abs()).amax().item()
+
+
+def decay_solvable(group: dict[str, Any]) -> bool:
+    """Whether dividing by the decoupled-decay factor s = 1 - lr·λ is well conditioned (1/|s| <= KAPPA_MAX).
+
+    s is a constant per group, so this is decided before the step; lr·λ near 1 (a huge weight
+    decay) sends the parameter to a clone instead. A Tensor lr is read on the host only when
+    λ >= 0.1, so that the usual small decays cost no host read per parameter.
+    """
+    lr, wd = group["lr"], float(group.get("weight_decay", 0.0))
+    if isinstance(lr, Tensor) and wd < 0.1:
+        return True  # lr·λ < 1/2 unless lr > 5: not a learning rate anyone steps with
+    s = 1.0 - float(lr) * wd
+    return abs(s) * KAPPA_MAX >= 1.0

@@ -10,7 +10,8 @@ bc1 = 1 - β1^t, bc2 = 1 - β2^t, s = 1 - lr·λ:
 Rebuild after the step from the stored m, v (or v̂) and t, without p_b:
 
 * L2 or no weight decay: u = d (the decay lives inside m and v);
-* decoupled: p_b = (p_a - d) / s, so u = (d - (1 - s)·p_a) / s (s is a constant: well conditioned).
+* decoupled: p_b = (p_a - d) / s, so u = (d - (1 - s)·p_a) / s (s is a constant; where |s| < 1/2,
+  lr·λ near 1, the parameter falls back to a clone).
 
 Hyperparameters are read raw from the parameter's own group: a Tensor lr or beta, or the
 ``capturable``/``differentiable`` tensor step, makes the bias corrections float32 tensor arithmetic
@@ -25,11 +26,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._shared import decay_solvable
+from .clone import Cloned
+
 
 class AdamView:
     """State-aware view for ``torch.optim.Adam`` and ``torch.optim.AdamW`` (formulas above)."""
 
-    def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> None:
+    def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
+        decoupled = group["decoupled_weight_decay"] and group["weight_decay"] != 0
+        if decoupled and not decay_solvable(group):
+            return Cloned(p.detach().clone())  # lr·λ near 1: dividing by s would amplify rounding
         return None
 
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:

@@ -15,7 +15,8 @@ Rebuild after the step, without p_b:
   place, so after the step ``p.grad`` already holds d and u = -γ·p.grad. Which path ran is decided
   exactly as ``torch.optim.sgd.sgd`` decides it.
 
-``differentiable=True`` may also rewrite ``p.grad`` in place: those parameters fall back to a clone.
+``differentiable=True`` may also rewrite ``p.grad`` in place, and 1 - γλ near 0 (a huge weight
+decay) makes the solve ill-conditioned: those parameters fall back to a clone.
 Source: ``torch/optim/sgd.py`` and ``shared/reference/update-formulas.md`` §SGD.
 """
 
@@ -23,10 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
-from torch.optim.optimizer import _default_to_fused_or_foreach
 
+from ._shared import decay_solvable, ran_foreach
 from .clone import Cloned
 
 
@@ -38,7 +38,9 @@ class SgdView:
     """State-aware view for ``torch.optim.SGD`` (see the module docstring for the formulas)."""
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
-        if group["differentiable"]:
+        exact_from_buffer = group["momentum"] != 0 and not group["nesterov"]
+        if group["differentiable"] or not (exact_from_buffer or _is_zero(group["weight_decay"])
+                                           or decay_solvable(group)):
             return Cloned(p.detach().clone())
         return None
 
@@ -48,7 +50,7 @@ class SgdView:
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
         if momentum != 0 and not group["nesterov"]:
             return state["momentum_buffer"] * -lr
-        if group["nesterov"] and _is_zero(wd) and not group["maximize"] and _ran_foreach(group):
+        if group["nesterov"] and _is_zero(wd) and not group["maximize"] and ran_foreach(group):
             return _dense(p.grad) * -lr
         d = _dense(p.grad)
         d = d.neg() if group["maximize"] else d.clone()
@@ -62,12 +64,3 @@ class SgdView:
 def _is_zero(x: float | Tensor) -> bool:
     """``x == 0`` as torch's SGD decides it (a Tensor weight decay is read, as torch reads it)."""
     return float(x) == 0.0 if isinstance(x, Tensor) else x == 0
-
-
-def _ran_foreach(group: dict[str, Any]) -> bool:
-    """Whether ``torch.optim.sgd.sgd`` took ``_multi_tensor_sgd`` for this group (same decision)."""
-    foreach, fused = group["foreach"], group["fused"]
-    if foreach is None and fused is None:
-        with_grad = [p for p in group["params"] if p.grad is not None]
-        fused, foreach = _default_to_fused_or_foreach(with_grad, differentiable=False, use_fused=False)
-    return bool(foreach) and not torch.jit.is_scripting()
