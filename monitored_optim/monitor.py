@@ -80,6 +80,7 @@ class Monitor:
         self._watched: list[weakref.ref[torch.nn.Module]] = []
         self._warned_unnamed = False
         self._verify_told: set[str] = set()
+        self._centre: dict[tuple[str, str], bool] = {}
         _warn_if_shared(self.settings)
         _ALL.add(self)
         amp.install()
@@ -156,10 +157,14 @@ class Monitor:
                 if self.settings.verify and not isinstance(e.snapshot, Cloned):
                     e.clone = p.detach().clone()
                 entries.append(e)
-        for e, row in zip(entries, stats.moments_many([e.p for e in entries])):
+        for e, row in zip(entries, stats.moments_many([e.p for e in entries], self._centring(entries, "p"))):
             e.pieces["p"] = row
-        _record_grads(entries, grad_scale)
+        _record_grads(entries, grad_scale, self._centring(entries, "grad"))
         return entries
+
+    def _centring(self, entries: list[_Entry], kind: str) -> list[bool]:
+        """Per entry, whether its ``kind`` moments need the centred pass (unknown ones do)."""
+        return [self._centre.get((e.name, kind), True) for e in entries]
 
     def _snapshot(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Any:
         """The view's snapshot, or a clone for a bf16/fp16 parameter under weight decay: its stored
@@ -186,6 +191,9 @@ class Monitor:
         for e, (got, n) in zip(entries, hosted):
             p_m = stats.Moments(n, *got["p"])
             g_m = stats.Moments(n, *got["grad"]) if "grad" in got else None
+            for kind, m in (("p", p_m), ("grad", g_m)):
+                if m is not None:
+                    self._centre[(e.name, kind)] = stats.needs_centring(m.mean, m.m2, m.n)
             u_m = stats.Moments(n, *got["u"]) if "u" in got else stats.Moments(n, 0.0, 0.0)
             figures.update(_parameter_figures(e.name, p_m, g_m, u_m))
             if "lost" in got and n > 0:
@@ -263,13 +271,15 @@ def _owned(u: Tensor, p: Tensor, state: dict[str, Any]) -> bool:
     return all(t is None or t.is_sparse or t.untyped_storage().data_ptr() != ptr for t in held)
 
 
-def _record_grads(entries: list[_Entry], grad_scale: Tensor | None) -> None:
+def _record_grads(entries: list[_Entry], grad_scale: Tensor | None, centre: list[bool] | None = None) -> None:
     """Moments of each ``p.grad`` as the step uses it: unscaled when a fused GradScaler step passes
     its scale; no ``"grad"`` piece where the grad is ``None``."""
-    with_grad = [e for e in entries if e.p.grad is not None]
+    flags = centre if centre is not None else [True] * len(entries)
+    with_grad = [(e, c) for e, c in zip(entries, flags) if e.p.grad is not None]
     for e in entries:
         e.pieces.pop("grad", None)
-    for e, row in zip(with_grad, stats.moments_many([e.p.grad for e in with_grad])):
+    rows = stats.moments_many([e.p.grad for e, _ in with_grad], [c for _, c in with_grad])
+    for (e, _), row in zip(with_grad, rows):
         if grad_scale is not None:
             scale = grad_scale.double().to(row.device)
             row = row / torch.stack([scale, scale * scale])

@@ -33,12 +33,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.optim.optimizer import _default_to_fused_or_foreach
 
+from ._shared import KAPPA_MAX, ran_foreach
 from .clone import Cloned
-
-KAPPA_MAX = 2.0
-"""Largest condition number D / (D + c1·λ) the L2 solve accepts (error ≤ κ ulp of p)."""
 
 
 class NAdamView:
@@ -55,7 +52,7 @@ class NAdamView:
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:
         if p.grad is None or "exp_avg" not in state:
             return None
-        foreach = _ran_foreach(group)
+        foreach = ran_foreach(group)
         c1, c2, bc2 = _coefficients(group, state, foreach)
         g, m, v, p_a = p.grad, state["exp_avg"], state["exp_avg_sq"], p.detach()
         if torch.is_complex(p):  # torch steps complex tensors as pairs of reals
@@ -75,15 +72,6 @@ class NAdamView:
 
 def _l2(group: dict[str, Any]) -> bool:
     return group["weight_decay"] != 0 and not group["decoupled_weight_decay"]
-
-
-def _ran_foreach(group: dict[str, Any]) -> bool:
-    """Whether ``torch.optim.nadam.nadam`` took ``_multi_tensor_nadam`` for this group (same decision)."""
-    foreach = group["foreach"]
-    if foreach is None:
-        with_grad = [q for q in group["params"] if q.grad is not None]
-        _, foreach = _default_to_fused_or_foreach(with_grad, group["differentiable"], use_fused=False)
-    return bool(foreach) and not torch.jit.is_scripting()
 
 
 def _coefficients(group: dict[str, Any], state: dict[str, Any], foreach: bool):

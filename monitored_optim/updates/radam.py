@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.optim.optimizer import _default_to_fused_or_foreach
 
+from ._shared import ran_foreach
 from .clone import Cloned
 
 
@@ -53,7 +53,7 @@ class RAdamView:
         lr = group["lr"]
         if isinstance(lr, Tensor) and lr.dim() != 0:
             lr = lr.squeeze()
-        foreach = _ran_foreach(group)
+        foreach = ran_foreach(group)
         if group["capturable"]:
             u = (_capturable_foreach if foreach else _capturable_single)(group, lr, state["step"], m, v)
         else:
@@ -63,15 +63,6 @@ class RAdamView:
             s = 1 - lr * wd
             u.sub_(p_a * (1 - s)).div_(s)
         return torch.view_as_complex(u) if torch.is_complex(p) else u
-
-
-def _ran_foreach(group: dict[str, Any]) -> bool:
-    """Whether ``torch.optim.radam.radam`` took ``_multi_tensor_radam`` for this group (same decision)."""
-    foreach = group["foreach"]
-    if foreach is None:
-        with_grad = [q for q in group["params"] if q.grad is not None]
-        _, foreach = _default_to_fused_or_foreach(with_grad, group["differentiable"], use_fused=False)
-    return bool(foreach) and not torch.jit.is_scripting()
 
 
 def _rect(rho_t, rho_inf: float):

@@ -1,0 +1,172 @@
+"""Hostile but plausible inputs: each once crashed step(), corrupted figures or gave an unclear error.
+Every case checks the trajectory against the plain optimizer and the figures against a clone."""
+
+from __future__ import annotations
+
+import math
+import pickle
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import truth
+from monitored_optim import Monitored, MonitorConfig
+
+QUIET = MonitorConfig(backend="none")
+
+
+def step_both(cls, kwargs, make_params, set_grads, steps=2):
+    """Run the plain and the monitored optimizer side by side; return monitored opt, figures per step."""
+    runs = []
+    for build in (cls, Monitored(cls)):
+        named = make_params()
+        opt = build(named, **kwargs, **({"monitor": QUIET} if build is not cls else {}))
+        expected = []
+        for i in range(steps):
+            set_grads(named, i)
+            before, grads = truth.snapshot(named)
+            opt.step()
+            expected.append(truth.figures(named, before, grads))
+        runs.append((named, opt, expected))
+    (plain_named, _, _), (named, opt, expected) = runs
+    for (_, a), (_, b) in zip(plain_named, named):
+        assert torch.equal(a, b)
+    return opt, expected
+
+
+def test_sparse_grads_with_sgd_momentum():
+    def params():
+        torch.manual_seed(0)
+        return list(nn.Embedding(50, 4, sparse=True).named_parameters())
+
+    def grads(named, i):
+        (_, w), = named
+        w.grad = torch.sparse_coo_tensor(torch.tensor([[1, 2, 2 + i]]), torch.ones(3, 4), (50, 4))
+
+    opt, expected = step_both(torch.optim.SGD, dict(lr=0.1, momentum=0.9), params, grads)
+    truth.assert_figures_match(opt.monitor.latest, expected[-1])
+
+
+def test_empty_parameter_does_not_poison_the_figures():
+    def params():
+        torch.manual_seed(0)
+        return [("w", nn.Parameter(torch.randn(4, 3))), ("e", nn.Parameter(torch.zeros(0, 3)))]
+
+    def grads(named, i):
+        for _, p in named:
+            p.grad = torch.ones_like(p)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt, _ = step_both(torch.optim.SGD, dict(lr=0.1), params, grads)
+    latest = opt.monitor.latest
+    assert latest["health/nonfinite"] == 0 and "global/update_norm" in latest
+    assert latest["update_norm/e"] == 0.0 and "update_to_data/e" not in latest
+
+
+@pytest.mark.parametrize("cls", [torch.optim.SGD, torch.optim.AdamW])
+@pytest.mark.parametrize("wd", [10.0, 10.0 + 1e-5])
+def test_weight_decay_with_lr_times_wd_near_one(cls, wd):
+    def params():
+        torch.manual_seed(0)
+        return [("w", nn.Parameter(torch.randn(6, 5)))]
+
+    def grads(named, i):
+        torch.manual_seed(10 + i)
+        named[0][1].grad = torch.randn(6, 5)
+
+    opt, expected = step_both(cls, dict(lr=0.1, weight_decay=wd), params, grads)
+    truth.assert_figures_match(opt.monitor.latest, expected[-1])
+
+
+def test_group_without_numeric_lr_and_integer_parameters():
+    class NoLr(torch.optim.SGD):
+        pass
+
+    w = nn.Parameter(torch.randn(3, 3))
+    q = nn.Parameter(torch.ones(3, dtype=torch.int8), requires_grad=False)
+    opt = Monitored(NoLr)([("w", w), ("q", q)], lr=0.1, monitor=QUIET)
+    opt.param_groups[0]["lr_hidden"] = opt.param_groups[0]["lr"]
+    w.grad = torch.ones(3, 3)
+    opt.step()
+    opt.param_groups[0]["lr"] = None  # as transformers' Adafactor(lr=None) stores it
+    with pytest.raises(TypeError):
+        opt.step()  # SGD itself cannot step with lr=None ...
+    assert "param_norm/q" not in opt.monitor.latest and "update_norm/w" in opt.monitor.latest
+    from monitored_optim.monitor import _learning_rates
+    assert _learning_rates(opt) == {}  # ... but the figures skip it instead of failing
+
+
+def test_callable_positional_argument_that_is_not_a_closure():
+    class ModelAwareSGD(torch.optim.SGD):
+        def step(self, model):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(p.grad, alpha=-0.1)
+
+    model = nn.Linear(3, 2)
+    opt = Monitored(ModelAwareSGD)(model.named_parameters(), lr=0.1, monitor=QUIET)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step(model)
+    assert opt.monitor.latest["update_norm/weight"] > 0
+
+
+def test_third_party_init_that_calls_state_dict_and_subclass_of_monitored():
+    class Warmstart(torch.optim.Adam):
+        def __init__(self, params, **kw):
+            super().__init__(params, **kw)
+            self.initial = self.state_dict()
+
+    opt = Monitored(Warmstart)(nn.Linear(2, 2).named_parameters(), monitor=QUIET)
+    assert "monitor" not in opt.initial and opt.state_dict()["monitor"] == {"step": 0}
+
+    class MyAdamW(Monitored(torch.optim.AdamW)):
+        pass
+
+    assert Monitored(MyAdamW) is MyAdamW
+
+
+def test_bf16_under_decoupled_weight_decay_reports_the_effective_update():
+    def params():
+        torch.manual_seed(0)
+        return [("w", nn.Parameter(torch.randn(256, 64).to(torch.bfloat16)))]
+
+    def grads(named, i):
+        torch.manual_seed(i)
+        named[0][1].grad = torch.randn(256, 64).to(torch.bfloat16)
+
+    opt, expected = step_both(torch.optim.AdamW, dict(lr=1e-3, weight_decay=0.1), params, grads)
+    latest = opt.monitor.latest
+    assert latest["update_to_data/w"] == pytest.approx(expected[-1]["update_to_data/w"], abs=0.01)
+    assert latest["update_norm/w"] == pytest.approx(expected[-1]["update_norm/w"], rel=1e-3)
+
+
+def test_duplicate_names_across_groups_stay_apart():
+    gen, disc = nn.Linear(2, 2), nn.Linear(2, 2)
+    opt = Monitored(torch.optim.SGD)([{"params": gen.named_parameters(), "lr": 0.01},
+                                      {"params": disc.named_parameters(), "lr": 0.5}], monitor=QUIET)
+    for m in (gen, disc):
+        m(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    latest = opt.monitor.latest
+    assert {"update_norm/weight", "update_norm/weight@group1", "update_norm/bias@group1"} <= set(latest)
+    assert latest["update_norm/weight"] == pytest.approx(0.01 * math.sqrt(4), rel=1e-6)
+    assert latest["update_norm/weight@group1"] == pytest.approx(0.5 * math.sqrt(4), rel=1e-6)
+
+
+def test_unpickling_with_a_config_that_no_longer_works_warns_instead_of_failing(tmp_path, monkeypatch):
+    opt = Monitored(torch.optim.SGD)(nn.Linear(2, 2).named_parameters(), lr=0.1)  # from the environment
+    blob = pickle.dumps(opt)
+    monkeypatch.setenv("MONITORED_OPTIM_EVERY", "ten")
+    with pytest.warns(RuntimeWarning, match="does not work here"):
+        loaded = pickle.loads(blob)
+    assert loaded.monitor.settings.backends == ()
+
+
+@pytest.mark.parametrize("field,value", [("logdir", 5), ("logdir", b"runs"), ("model", "x")])
+def test_bad_config_types_name_the_field(field, value):
+    with pytest.raises(ValueError, match=f"MonitorConfig.{field}="):
+        Monitored(torch.optim.SGD)(nn.Linear(2, 2).named_parameters(), lr=0.1,
+                                   monitor=MonitorConfig(**{field: value}))
