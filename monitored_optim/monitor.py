@@ -157,7 +157,7 @@ class Monitor:
                 if self.settings.verify and not isinstance(e.snapshot, Cloned):
                     e.clone = p.detach().clone()
                 entries.append(e)
-        for e, row in zip(entries, stats.moments_many([e.p for e in entries], self._centring(entries, "p"))):
+        for e, row in zip(entries, stats.sums_many([e.p for e in entries], self._centring(entries, "p"))):
             e.pieces["p"] = row
         _record_grads(entries, grad_scale, self._centring(entries, "grad"))
         return entries
@@ -180,6 +180,7 @@ class Monitor:
         local = optimizer if sharding is None else sharding.local
         for e in entries:
             self._measure_update(e, local.state.get(e.p, {}))
+        _finish_moments(entries)
         if sharding is None:
             values = iter(stats.to_host([piece for e in entries for piece in e.pieces.values()]))
             hosted = [({key: next(values) for key in e.pieces}, stats.count(e.p)) for e in entries]
@@ -191,10 +192,10 @@ class Monitor:
         for e, (got, n) in zip(entries, hosted):
             p_m = stats.Moments(n, *got["p"])
             g_m = stats.Moments(n, *got["grad"]) if "grad" in got else None
-            for kind, m in (("p", p_m), ("grad", g_m)):
-                if m is not None:
-                    self._centre[(e.name, kind)] = stats.needs_centring(m.mean, m.m2, m.n)
             u_m = stats.Moments(n, *got["u"]) if "u" in got else stats.Moments(n, 0.0, 0.0)
+            for kind, m in (("p", p_m), ("grad", g_m), ("u", u_m)):
+                if m is not None and m.n:
+                    self._centre[(e.name, kind)] = stats.needs_centring(m.mean, m.m2, m.n)
             figures.update(_parameter_figures(e.name, p_m, g_m, u_m))
             if "lost" in got and n > 0:
                 figures[f"update_lost/{e.name}"] = got["lost"][0] / n
@@ -227,7 +228,8 @@ class Monitor:
             u = u if cloned else _effective_update(e.p, u)
             e.pieces["lost"] = ((u == 0) & asked).sum().double().reshape(1)
         if u is not None:
-            e.pieces["u"] = stats.moments(u, scratch=e.clone is None and _owned(u, e.p, state))
+            e.pieces["u"] = stats.sums(u, centre=self._centre.get((e.name, "u"), True),
+                                       scratch=e.clone is None and _owned(u, e.p, state))
         if e.clone is not None:
             truth = Cloned(e.clone).update(e.p)
             miss = truth if u is None else truth - u
@@ -271,6 +273,17 @@ def _owned(u: Tensor, p: Tensor, state: dict[str, Any]) -> bool:
     return all(t is None or t.is_sparse or t.untyped_storage().data_ptr() != ptr for t in held)
 
 
+_MOMENTS = ("p", "grad", "u")
+
+
+def _finish_moments(entries: list[_Entry]) -> None:
+    """Turn every entry's raw sums (``stats.sums``) into ``(mean, m2)`` rows, all in one batch."""
+    raw = [(e, key) for e in entries for key in _MOMENTS if key in e.pieces]
+    rows = stats.finish([e.pieces[key] for e, key in raw], [stats.count(e.p) for e, _ in raw])
+    for (e, key), row in zip(raw, rows):
+        e.pieces[key] = row
+
+
 def _record_grads(entries: list[_Entry], grad_scale: Tensor | None, centre: list[bool] | None = None) -> None:
     """Moments of each ``p.grad`` as the step uses it: unscaled when a fused GradScaler step passes
     its scale; no ``"grad"`` piece where the grad is ``None``."""
@@ -278,12 +291,9 @@ def _record_grads(entries: list[_Entry], grad_scale: Tensor | None, centre: list
     with_grad = [(e, c) for e, c in zip(entries, flags) if e.p.grad is not None]
     for e in entries:
         e.pieces.pop("grad", None)
-    rows = stats.moments_many([e.p.grad for e, _ in with_grad], [c for _, c in with_grad])
+    rows = stats.sums_many([e.p.grad for e, _ in with_grad], [c for _, c in with_grad])
     for (e, _), row in zip(with_grad, rows):
-        if grad_scale is not None:
-            scale = grad_scale.double().to(row.device)
-            row = row / torch.stack([scale, scale * scale])
-        e.pieces["grad"] = row
+        e.pieces["grad"] = row if grad_scale is None else row / grad_scale.to(row.device)  # sums are linear
 
 
 def _effective_update(p: Tensor, intended: Tensor) -> Tensor:

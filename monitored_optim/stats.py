@@ -20,11 +20,8 @@ from torch import Tensor
 def moments(x: Tensor, scratch: bool = False) -> Tensor:
     """The ``(mean, m2)`` of ``x`` as a float64 tensor of shape ``(2,)`` on ``x``'s device.
 
-    Two passes: the mean, then the centred values' sum r and norm. Centring first keeps the spread
-    of a tensor whose mean dwarfs it (a LayerNorm weight near 1.0 with std 1e-4), and
-    ``mean + r/n``, ``||x - mean||^2 - r^2/n`` remove the rounding of the float32 mean (the
-    shifted-data formulas, Chan, Golub & LeVeque 1983). Faster on CPU than Welford's single pass
-    (``torch.var_mean``).
+    ``finish([sums(x, centre=True, scratch=scratch)], [count(x)])``: see :func:`sums` and
+    :func:`finish`.
 
     Args:
         x: any floating or complex tensor, any shape. Complex counts as pairs of reals, sparse is
@@ -35,66 +32,84 @@ def moments(x: Tensor, scratch: bool = False) -> Tensor:
     Returns:
         Tensor of shape ``(2,)``, dtype float64. No host synchronisation.
     """
+    return finish([sums(x, centre=True, scratch=scratch)], [count(x)])[0]
+
+
+def sums(x: Tensor, centre: bool, scratch: bool = False) -> Tensor:
+    """Raw sums of ``x`` for :func:`finish`: ``(mean, sum(x - mean), ||x - mean||)`` when ``centre``
+    (two passes, a temporary unless ``scratch``), else ``(sum(x), ||x||)`` (one pass, none).
+
+    Centring keeps the spread of a tensor whose mean dwarfs it (a LayerNorm weight near 1.0 with
+    std 1e-4), and the sum of the centred values removes the rounding of the float32 mean (the
+    shifted-data formulas, Chan, Golub & LeVeque 1983). Without centring the float32 rounding costs
+    about 1e-7 * mean^2 / var of the variance: use it where ``mean^2 / var <= CENTRE_ABOVE``.
+
+    Returns:
+        Tensor of shape ``(3,)`` or ``(2,)`` in ``x``'s real dtype (float32 for bf16/fp16), on its device.
+    """
     dense = _dense_real(x)
+    if not centre:
+        return torch.stack([dense.sum(), torch.linalg.vector_norm(dense)])
     if dense.numel() == 0:
-        return torch.zeros(2, dtype=torch.float64, device=dense.device)
+        return dense.new_zeros(3)
     mean = dense.mean()
     in_place = scratch and not x.is_sparse and dense.data_ptr() == x.data_ptr()
     centred = dense.sub_(mean) if in_place else dense - mean
-    return _compensated(mean.reshape(1), centred.sum().reshape(1),
-                        torch.linalg.vector_norm(centred).reshape(1), [dense.numel()])[0]
+    return torch.stack([mean, centred.sum(), torch.linalg.vector_norm(centred)])
 
 
-CENTRE_ABOVE = 100.0
-"""mean^2 / var above which a tensor's moments need the centred pass (see :func:`moments_many`)."""
-
-
-def moments_many(xs: list[Tensor], centre: list[bool]) -> list[Tensor]:
-    """:func:`moments` of every tensor, the cheap way where that is exact enough.
-
-    Where ``centre[i]`` is False, x_i's row comes from its sum and ``torch._foreach_norm`` over all
-    such tensors at once: no temporary, one launch for every norm, and
-    ``m2 = ||x||^2 - (sum x)^2 / n`` in float64, whose float32 rounding costs a relative error of
-    about 1e-7 * mean^2 / var, below 1e-5 while ``mean^2 / var <= CENTRE_ABOVE``. The caller passes
-    True (the centred, two-pass :func:`moments`) for tensors whose mean dwarfs their spread, such as
-    LayerNorm weights near 1.0, and for tensors it has not seen yet.
-
-    Args:
-        xs: tensors as accepted by :func:`moments`, on any devices and dtypes.
-        centre: one flag per tensor.
-
-    Returns:
-        One float64 tensor of shape ``(2,)`` per input, in order, on the input's device.
-    """
-    rows: list[Tensor | None] = [moments(x) if c else None for x, c in zip(xs, centre)]
-    fast = [i for i, row in enumerate(rows) if row is None]
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    dense = {i: _dense_real(xs[i]) for i in fast}
-    for i in fast:
-        groups.setdefault((dense[i].device, dense[i].dtype), []).append(i)
-    for (device, _), idx in groups.items():
-        sums = torch.stack([dense[i].sum() for i in idx]).double()
-        squares = torch.stack(torch._foreach_norm([dense[i] for i in idx])).double().square()
-        n = torch.tensor([max(dense[i].numel(), 1) for i in idx], dtype=torch.float64, device=device)
-        for i, row in zip(idx, torch.stack([sums / n, squares - sums * sums / n], 1).unbind(0)):
+def sums_many(xs: list[Tensor], centre: list[bool]) -> list[Tensor]:
+    """:func:`sums` of every tensor; the uncentred norms come from one ``torch._foreach_norm`` per
+    device and dtype instead of one kernel per tensor."""
+    rows: list[Tensor | None] = [sums(x, centre=True) if c else None for x, c in zip(xs, centre)]
+    groups: dict[tuple[torch.device, torch.dtype], list[tuple[int, Tensor]]] = {}
+    for i, x in enumerate(xs):
+        if rows[i] is None:
+            dense = _dense_real(x)
+            groups.setdefault((dense.device, dense.dtype), []).append((i, dense))
+    for members in groups.values():
+        totals = torch.stack([dense.sum() for _, dense in members])
+        norms = torch.stack(torch._foreach_norm([dense for _, dense in members]))
+        for (i, _), row in zip(members, torch.stack([totals, norms], 1).unbind(0)):
             rows[i] = row
     return rows  # type: ignore[return-value]
 
 
+def finish(raw: list[Tensor], counts: list[int]) -> list[Tensor]:
+    """``(mean, m2)`` rows in float64 from :func:`sums` rows, all at once per device and kind.
+
+    Centred ``(c, r, q)``: mean = c + r/n, m2 = q^2 - r^2/n. Uncentred ``(s, q)``: mean = s/n,
+    m2 = q^2 - s^2/n. Empty tensors give ``(0, 0)``.
+
+    Args:
+        raw: rows of :func:`sums`. counts: element counts n (:func:`count`), one per row.
+
+    Returns:
+        Tensors of shape ``(2,)``, float64, in order, each on its row's device.
+    """
+    out: list[Tensor | None] = [None] * len(raw)
+    groups: dict[tuple[torch.device, int], list[int]] = {}
+    for i, row in enumerate(raw):
+        groups.setdefault((row.device, row.numel()), []).append(i)
+    for (device, width), idx in groups.items():
+        table = torch.stack([raw[i].double() for i in idx])
+        n = torch.tensor([max(counts[i], 1) for i in idx], dtype=torch.float64, device=device)
+        shift, total, norm = (table.unbind(1) if width == 3 else (torch.zeros_like(n), *table.unbind(1)))
+        rows = torch.stack([shift + total / n, norm * norm - total * total / n], 1)
+        for i, row in zip(idx, rows.unbind(0)):
+            out[i] = row
+    return out  # type: ignore[return-value]
+
+
+CENTRE_ABOVE = 100.0
+"""mean^2 / var above which a tensor's moments need the centred pass (see :func:`sums`)."""
+
+
 def needs_centring(mean: float, m2: float, n: float) -> bool:
     """Whether a tensor with these moments should take the centred pass next time (see
-    :func:`moments_many`); True for undefined or non-finite values."""
+    :func:`sums`); True for undefined or non-finite values."""
     var = m2 / n if n else 0.0
     return not (math.isfinite(mean) and math.isfinite(var)) or mean * mean > CENTRE_ABOVE * var
-
-
-def _compensated(means: Tensor, residues: Tensor, norms: Tensor, counts: list[int]) -> Tensor:
-    """Rows ``(mean, m2)`` in float64 from the rounded means, the sums r of the centred values and
-    their norms: mean + r/n and ||x - mean||^2 - r^2/n, which removes the rounding of the float32
-    mean from both (it matters when shards of one parameter are combined)."""
-    n = torch.tensor(counts, dtype=torch.float64, device=means.device)
-    r = residues.double()
-    return torch.stack([means.double() + r / n, norms.double().square() - r * r / n], 1)
 
 
 def count(x: Tensor) -> int:
