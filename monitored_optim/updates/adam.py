@@ -55,12 +55,15 @@ class AdamView:
         p_a = p.detach()
         if torch.is_complex(p):  # torch steps complex tensors as pairs of reals
             m, v, p_a = torch.view_as_real(m), torch.view_as_real(v), torch.view_as_real(p_a)
-        u = (v.sqrt() / bc2_sqrt).add_(eps)  # the denominator, then u in the same buffer
+        u = v.sqrt().div_(bc2_sqrt).add_(eps)  # the denominator, then u in the same buffer
         if m.dtype in (torch.float16, torch.bfloat16):  # addcdiv_ divides in float32 (opmath)
             m, u = m.float(), u.float()
         u = torch.div(m, u, out=u).mul_(-step_size)
         wd = group["weight_decay"]
         if wd != 0 and group["decoupled_weight_decay"]:
             s = 1 - lr * wd
-            u.sub_(p_a * (1 - s)).div_(s)
+            if isinstance(s, Tensor):
+                u.sub_(p_a * (1 - s)).div_(s)
+            else:
+                u.add_(p_a, alpha=-(1 - s)).div_(s)
         return torch.view_as_complex(u) if torch.is_complex(p) else u
