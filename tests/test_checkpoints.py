@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import pickle
-import signal
 import subprocess
 import sys
 import textwrap

@@ -3,7 +3,6 @@ lost to rounding; every figure a backend receives is finite; training equals the
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 

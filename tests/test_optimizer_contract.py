@@ -57,16 +57,19 @@ def test_isinstance_and_refuses_what_base_refuses(tmp_path):
         Monitored(torch.optim.AdamW)([p], monitor={"every": 2})
 
 
-def test_views_are_chosen_by_step_function():
-    class Drifting(torch.optim.Adam):
-        def step(self, closure=None):
-            out = super().step(closure)
-            with torch.no_grad():
-                for g in self.param_groups:
-                    for p in g["params"]:
-                        p.add_(1e-3)
-            return out
+class Drifting(torch.optim.Adam):
+    """A user subclass that overrides step(): adds a drift after the Adam step."""
 
+    def step(self, closure=None):
+        out = super().step(closure)
+        with torch.no_grad():
+            for g in self.param_groups:
+                for p in g["params"]:
+                    p.add_(torch.full_like(p, 1e-2).cumsum(-1))
+        return out
+
+
+def test_views_are_chosen_by_step_function():
     class RenamedAdam(torch.optim.Adam):
         pass
 
@@ -79,15 +82,6 @@ def test_views_are_chosen_by_step_function():
 
 
 def test_drifting_subclass_gets_true_figures(tmp_path):
-    class Drifting(torch.optim.Adam):
-        def step(self, closure=None):
-            out = super().step(closure)
-            with torch.no_grad():
-                for g in self.param_groups:
-                    for p in g["params"]:
-                        p.add_(torch.full_like(p, 1e-2).cumsum(-1))
-            return out
-
     problem = models.mlp(two_groups=False)
     opt = Monitored(Drifting)(problem.named, lr=1e-3, monitor=quiet(tmp_path))
     problem.loss(0).backward()

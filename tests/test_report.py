@@ -17,6 +17,7 @@ import torch
 from matplotlib import image
 
 import models
+import test_backends
 from monitored_optim import Monitored, MonitorConfig
 from monitored_optim.__main__ import main
 from monitored_optim.report import ReportError, load_run, looks_like_matrix, plot_run, summarize
@@ -27,13 +28,7 @@ EXPECTED = "expected a run directory with metrics.jsonl or TensorBoard event fil
 
 def train(backend: str, logdir: Path, steps: int = 30, every: int = 1):
     """Train the shared tiny MLP with a monitored AdamW logging to ``backend`` in ``logdir``."""
-    problem = models.mlp()
-    opt = Monitored(torch.optim.AdamW)(problem.groups, lr=1e-2, monitor=MonitorConfig(
-        backend=backend, logdir=logdir, every=every))
-    for i in range(steps):
-        opt.zero_grad()
-        problem.loss(i).backward()
-        opt.step()
+    opt = test_backends.train(backend, logdir, steps=steps, every=every)
     latest = dict(opt.monitor.latest)
     opt.monitor.close()
     return latest
