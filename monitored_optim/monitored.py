@@ -47,13 +47,17 @@ def Monitored(optimizer_cls: O) -> O:
         The subclass (named ``Monitored<Name>``); the same object for the same ``optimizer_cls``.
 
     Raises:
-        TypeError: ``optimizer_cls`` is not a class derived from ``torch.optim.Optimizer``.
+        TypeError: ``optimizer_cls`` is not a class derived from ``torch.optim.Optimizer``, or its
+            constructor already takes a ``monitor`` argument.
     """
     if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
         raise TypeError("Monitored() expects an optimizer class, a subclass of torch.optim.Optimizer "
                         f"such as torch.optim.AdamW (the class, not an instance); got {optimizer_cls!r}")
     if any("_monitored_base" in vars(c) for c in optimizer_cls.__mro__):
         return optimizer_cls  # already monitored (or a user subclass of a monitored class)
+    if "monitor" in _parameters(optimizer_cls.__init__):
+        raise TypeError(f"Monitored() cannot wrap {optimizer_cls.__name__}: its constructor already takes a "
+                        "'monitor' argument, the keyword Monitored() adds")
     with _LOCK:
         if optimizer_cls not in _CACHE:
             _CACHE[optimizer_cls] = _build(optimizer_cls)
@@ -101,10 +105,15 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
         if "_monitor" in vars(self):
             self._monitor.step = int(saved["step"]) if saved else _step_from_state(self, self._monitor.step)
 
-    @property
-    def monitor(self) -> Monitor:
+    def _get_monitor(self) -> Monitor:
         """The :class:`~monitored_optim.monitor.Monitor` of this optimizer (step count, latest figures)."""
         return self._monitor
+
+    def _set_monitor(self, value: Any) -> None:
+        raise AttributeError(f"{base.__name__} sets its own 'monitor' attribute, which Monitored() needs for "
+                             "opt.monitor; rename that attribute in the optimizer class to monitor it")
+
+    monitor = property(_get_monitor, _set_monitor, doc=_get_monitor.__doc__)
 
     __init__.__signature__ = _with_monitor_kwarg(base.__init__)  # type: ignore[attr-defined]
     __init__.__doc__ = base.__init__.__doc__
@@ -160,6 +169,13 @@ def _step_from_state(optimizer: torch.optim.Optimizer, default: int) -> int:
     """The largest ``state[p]['step']`` (Adam and most others count steps there), else ``default``."""
     steps = [int(s["step"]) for s in optimizer.state.values() if isinstance(s, dict) and "step" in s]
     return max(steps) if steps else default
+
+
+def _parameters(init: Any) -> list[str]:
+    try:
+        return list(inspect.signature(init).parameters)
+    except (TypeError, ValueError):
+        return []
 
 
 def _with_monitor_kwarg(init: Any) -> inspect.Signature | None:

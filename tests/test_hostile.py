@@ -170,3 +170,20 @@ def test_bad_config_types_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"MonitorConfig.{field}="):
         Monitored(torch.optim.SGD)(nn.Linear(2, 2).named_parameters(), lr=0.1,
                                    monitor=MonitorConfig(**{field: value}))
+
+
+def test_name_clashes_with_monitor_are_explained():
+    class OwnMonitorArg(torch.optim.SGD):
+        def __init__(self, params, lr=0.1, monitor=None):
+            super().__init__(params, lr=lr)
+
+    with pytest.raises(TypeError, match="already takes a 'monitor' argument"):
+        Monitored(OwnMonitorArg)
+
+    class SetsMonitor(torch.optim.SGD):
+        def __init__(self, params, lr=0.1):
+            super().__init__(params, lr=lr)
+            self.monitor = "mine"
+
+    with pytest.raises(AttributeError, match="sets its own 'monitor' attribute"):
+        Monitored(SetsMonitor)(nn.Linear(2, 2).named_parameters())
