@@ -25,7 +25,7 @@ from ._warnings import warn
 from .backends import Fanout
 from .config import MonitorConfig, Settings, resolve
 from .health import Health, ParamHealth
-from .updates import Cloned, View, raw_step, view_for
+from .updates import Cloned, Scaled, View, raw_step, view_for
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 VERIFY_RTOL = 1e-3
@@ -221,6 +221,12 @@ class Monitor:
         """Add the update's moments (and, where they apply, lost-update and verify pieces) to ``e``."""
         cloned = isinstance(e.snapshot, Cloned)
         u = e.snapshot.update(e.p) if cloned else self.view.update(e.group, e.p, state, e.snapshot)
+        centre = self._centre.get((e.name, "u"), True)
+        if isinstance(u, Scaled):
+            if not (u.tensor.is_sparse or e.p.dtype in LOW_PRECISION or e.clone is not None):
+                e.pieces["u"] = stats.scale_sums(stats.sums(u.tensor, centre=centre), u.factor)
+                return
+            u = u.dense()
         u = u.to_dense() if u is not None and u.is_sparse else u  # SGD momentum on sparse grads
         if u is not None and e.p.dtype in LOW_PRECISION:
             grad = e.p.grad.to_dense() if e.p.grad is not None and e.p.grad.is_sparse else e.p.grad
@@ -228,8 +234,7 @@ class Monitor:
             u = u if cloned else _effective_update(e.p, u)
             e.pieces["lost"] = ((u == 0) & asked).sum().double().reshape(1)
         if u is not None:
-            e.pieces["u"] = stats.sums(u, centre=self._centre.get((e.name, "u"), True),
-                                       scratch=e.clone is None and _owned(u, e.p, state))
+            e.pieces["u"] = stats.sums(u, centre=centre, scratch=e.clone is None and _owned(u, e.p, state))
         if e.clone is not None:
             truth = Cloned(e.clone).update(e.p)
             miss = truth if u is None else truth - u

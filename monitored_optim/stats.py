@@ -58,6 +58,13 @@ def sums(x: Tensor, centre: bool, scratch: bool = False) -> Tensor:
     return torch.stack([mean, centred.sum(), torch.linalg.vector_norm(centred)])
 
 
+def scale_sums(row: Tensor, factor: float | Tensor) -> Tensor:
+    """:func:`sums` of ``factor * x`` from those of ``x``: every entry times ``factor``, the norm
+    (last entry) times ``|factor|``."""
+    f = torch.as_tensor(factor, dtype=row.dtype, device=row.device)
+    return torch.cat([row[:-1] * f, row[-1:] * f.abs()])
+
+
 def sums_many(xs: list[Tensor], centre: list[bool]) -> list[Tensor]:
     """:func:`sums` of every tensor; the uncentred norms come from one ``torch._foreach_norm`` per
     device and dtype instead of one kernel per tensor."""

@@ -5,9 +5,10 @@ A view is two small functions of ``(group, p, state)`` with no hidden state:
 * ``before(group, p, state) -> snapshot``: called just before the base ``step()`` on logging
   steps; keeps only what the rebuild needs (often nothing). A view that cannot be exact for this
   parameter returns :class:`~monitored_optim.updates.clone.Cloned` instead.
-* ``update(group, p, state, snapshot) -> Tensor | None``: called after the step; the update u
-  with ``p``'s shape (a temporary the caller drops after reducing it), or ``None`` when the step
-  left ``p`` exactly unchanged (torch optimizers skip parameters whose grad is ``None``).
+* ``update(group, p, state, snapshot) -> Tensor | Scaled | None``: called after the step; the
+  update u with ``p``'s shape (a temporary the caller drops after reducing it), a
+  :class:`~monitored_optim.updates.clone.Scaled` buffer when u is a multiple of one, or ``None``
+  when the step left ``p`` exactly unchanged (torch optimizers skip parameters whose grad is ``None``).
 
 A view is chosen by the optimizer's ``step`` function, never by class name alone: a subclass
 that overrides ``step`` gets the clone fallback, whose figures are true for any optimizer.
@@ -26,7 +27,7 @@ from .adagrad import AdagradView
 from .adam import AdamView
 from .adamax import AdamaxView
 from .asgd import AsgdView
-from .clone import CLONE, Cloned, CloneView
+from .clone import CLONE, Cloned, CloneView, Scaled
 from .muon import MuonView
 from .nadam import NAdamView
 from .radam import RAdamView
@@ -107,4 +108,4 @@ def register(optimizer_cls: type[torch.optim.Optimizer], view: View) -> None:
     _REGISTRY.update({cls: _REGISTRY.pop(cls) for cls in list(_REGISTRY) if cls is not optimizer_cls})
 
 
-__all__ = ["CLONE", "Cloned", "CloneView", "View", "raw_step", "register", "view_for"]
+__all__ = ["CLONE", "Cloned", "CloneView", "Scaled", "View", "raw_step", "register", "view_for"]

@@ -22,6 +22,22 @@ class Cloned:
         return after - self.before
 
 
+@dataclass(frozen=True)
+class Scaled:
+    """An update ``factor * tensor`` a view returns without forming it (SGD: u = -lr * buf).
+
+    The monitor reduces ``tensor`` and scales the sums, which saves a parameter-sized temporary
+    and a pass; :meth:`dense` forms u where it is needed elementwise (bf16, verify mode).
+    """
+
+    tensor: Tensor
+    factor: float | Tensor
+
+    def dense(self) -> Tensor:
+        """``factor * tensor`` as a new tensor."""
+        return self.tensor * self.factor
+
+
 class CloneView:
     """u = p_after - p_before from a clone taken on logging steps only. Used for optimizers without
     a state-aware view (LBFGS moves p several times per step, third-party optimizers, user

@@ -27,7 +27,7 @@ from typing import Any
 from torch import Tensor
 
 from ._shared import decay_solvable, ran_foreach
-from .clone import Cloned
+from .clone import Cloned, Scaled
 
 
 def _dense(g: Tensor) -> Tensor:
@@ -44,14 +44,14 @@ class SgdView:
             return Cloned(p.detach().clone())
         return None
 
-    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:
+    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | Scaled | None:
         if p.grad is None:
             return None
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
         if momentum != 0 and not group["nesterov"]:
-            return state["momentum_buffer"] * -lr
+            return Scaled(state["momentum_buffer"], -lr)
         if group["nesterov"] and _is_zero(wd) and not group["maximize"] and ran_foreach(group):
-            return _dense(p.grad) * -lr
+            return Scaled(_dense(p.grad), -lr)
         d = _dense(p.grad)
         d = d.neg() if group["maximize"] else d.clone()
         if not _is_zero(wd):
