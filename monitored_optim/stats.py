@@ -1,12 +1,13 @@
-"""Numerically stable per-tensor moments, stacked into one table per device, and the figures from it.
+"""Per-tensor moments on the device, finished in one batch, copied to the host once, and the figures.
 
-Each tensor x contributes a row ``(mean, m2)`` in float64 on its device, with
-``m2 = sum((x - mean)^2)`` computed after centring (see :func:`moments`), so a LayerNorm weight
-near 1.0 with a spread of 1e-4 keeps its spread (a plain sum-of-squares formula loses it to
-cancellation), and its element count n on the host. From a row: ``std = sqrt(m2 / (n - 1))`` (Bessel's correction, as
+Each tensor x is reduced on its device to raw sums (:func:`sums`: centred for tensors whose mean
+dwarfs their spread, such as a LayerNorm weight near 1.0 with std 1e-4, uncentred otherwise),
+:func:`finish` turns every row of a logging step into ``(mean, m2)`` in float64 at once, with
+``m2 = sum((x - mean)^2)``, and :func:`to_host` copies them with one copy per device. The element
+count n stays on the host. From a row: ``std = sqrt(m2 / (n - 1))`` (Bessel's correction, as
 ``torch.std(correction=1)``) and ``||x||_2 = sqrt(m2 + n * mean^2)`` (both terms >= 0: no
-cancellation). Rows of disjoint pieces combine exactly by Chan, Golub & LeVeque (1979), which is what
-sharded training needs.
+cancellation). Rows of disjoint pieces combine as power sums (Chan, Golub & LeVeque 1979), which
+is what sharded training needs (``distributed.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
 
 def moments(x: Tensor, scratch: bool = False) -> Tensor:
     """The ``(mean, m2)`` of ``x`` as a float64 tensor of shape ``(2,)`` on ``x``'s device.
@@ -165,7 +167,9 @@ class Moments:
 
     @property
     def all_zero(self) -> bool:
-        """Whether every element is exactly zero (mean and m2 accumulate in float64: no underflow)."""
+        """Whether every element is exactly zero. The sums run in float32, so updates whose every
+        element is below about 1e-19 in magnitude (squares under float32's smallest normal) would
+        also read as zero; no optimizer step is that small in practice."""
         return self.mean == 0.0 and self.m2 == 0.0
 
 
