@@ -13,7 +13,7 @@ import atexit
 import inspect
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,7 @@ from ._warnings import warn
 from .backends import Fanout
 from .config import MonitorConfig, Settings, resolve
 from .health import Health, ParamHealth
-from .updates import Cloned, Scaled, View, raw_step, view_for
+from .updates import Cloned, Scaled, View, raw_step, rebuild, view_for
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 VERIFY_RTOL = 1e-3
@@ -41,6 +41,7 @@ class _Entry:
     group: dict[str, Any]
     p: Tensor
     snapshot: Any
+    slots: dict[str, int] = field(default_factory=dict)
     pieces: dict[str, Tensor] = field(default_factory=dict)
     clone: Tensor | None = None
 
@@ -130,15 +131,16 @@ class Monitor:
             self.step += 1
             return out
         sharding = distributed.sharding(optimizer)  # None outside torch.distributed
-        entries = self._before(optimizer if sharding is None else sharding.local,
+        batch = stats.Batch()
+        entries = self._before(optimizer if sharding is None else sharding.local, batch,
                                getattr(optimizer, "grad_scale", None))
         if sharding is not None:  # views that are not element-wise cannot rebuild a shard's update
             sharding.clone_where_needed(entries, self.view)
-        args, kwargs = _record_grads_after_closure(entries, args, kwargs, self._closure_first)
+        args, kwargs = _record_grads_after_closure(entries, batch, args, kwargs, self._closure_first)
         self.base_calls += 1
         out = step_fn(optimizer, *args, **kwargs)
         self.step += 1
-        self._log(self._figures(optimizer, entries, sharding))
+        self._log(self._figures(optimizer, entries, batch, sharding))
         return out
 
     def close(self) -> None:
@@ -147,7 +149,8 @@ class Monitor:
         _OPEN.discard(self)
 
     @torch.no_grad()
-    def _before(self, optimizer: torch.optim.Optimizer, grad_scale: Tensor | None) -> list[_Entry]:
+    def _before(self, optimizer: torch.optim.Optimizer, batch: stats.Batch,
+                grad_scale: Tensor | None) -> list[_Entry]:
         entries = []
         for group, names in zip(optimizer.param_groups, _names(optimizer)):
             for name, p in zip(names, group["params"]):
@@ -157,9 +160,8 @@ class Monitor:
                 if self.settings.verify and not isinstance(e.snapshot, Cloned):
                     e.clone = p.detach().clone()
                 entries.append(e)
-        for e, row in zip(entries, stats.sums_many([e.p for e in entries], self._centring(entries, "p"))):
-            e.pieces["p"] = row
-        _record_grads(entries, grad_scale, self._centring(entries, "grad"))
+        _record(batch, entries, "p", [e.p for e in entries], self._centring(entries, "p"))
+        _record_grads(batch, entries, grad_scale, self._centring(entries, "grad"))
         return entries
 
     def _centring(self, entries: list[_Entry], kind: str) -> list[bool]:
@@ -175,12 +177,14 @@ class Monitor:
         return self.view.before(group, p, state)
 
     @torch.no_grad()
-    def _figures(self, optimizer: torch.optim.Optimizer, entries: list[_Entry],
+    def _figures(self, optimizer: torch.optim.Optimizer, entries: list[_Entry], batch: stats.Batch,
                  sharding: distributed.Sharding | None = None) -> dict[str, float]:
-        local = optimizer if sharding is None else sharding.local
+        state = (optimizer if sharding is None else sharding.local).state
+        for chunk in _chunks(entries):
+            self._measure_updates(chunk, [state.get(e.p, {}) for e in chunk], batch)
+        rows = batch.finish()
         for e in entries:
-            self._measure_update(e, local.state.get(e.p, {}))
-        _finish_moments(entries)
+            e.pieces.update({kind: rows[slot] for kind, slot in e.slots.items()})
         if sharding is None:
             values = iter(stats.to_host([piece for e in entries for piece in e.pieces.values()]))
             hosted = [({key: next(values) for key in e.pieces}, stats.count(e.p)) for e in entries]
@@ -217,29 +221,22 @@ class Monitor:
                 self.health.check_watched(model, optimizer)
         return {tag: value for tag, value in figures.items() if math.isfinite(value)}
 
-    def _measure_update(self, e: _Entry, state: dict[str, Any]) -> None:
-        """Add the update's moments (and, where they apply, lost-update and verify pieces) to ``e``."""
-        cloned = isinstance(e.snapshot, Cloned)
-        u = e.snapshot.update(e.p) if cloned else self.view.update(e.group, e.p, state, e.snapshot)
-        centre = self._centre.get((e.name, "u"), True)
-        if isinstance(u, Scaled):
-            if not (u.tensor.is_sparse or e.p.dtype in LOW_PRECISION or e.clone is not None):
-                e.pieces["u"] = stats.scale_sums(stats.sums(u.tensor, centre=centre), u.factor)
-                return
-            u = u.dense()
-        u = u.to_dense() if u is not None and u.is_sparse else u  # SGD momentum on sparse grads
-        if u is not None and e.p.dtype in LOW_PRECISION:
-            grad = e.p.grad.to_dense() if e.p.grad is not None and e.p.grad.is_sparse else e.p.grad
-            asked = (grad != 0) if cloned and grad is not None else (u != 0)
-            u = u if cloned else _effective_update(e.p, u)
-            e.pieces["lost"] = ((u == 0) & asked).sum().double().reshape(1)
-        if u is not None:
-            e.pieces["u"] = stats.sums(u, centre=centre, scratch=e.clone is None and _owned(u, e.p, state))
-        if e.clone is not None:
-            truth = Cloned(e.clone).update(e.p)
-            miss = truth if u is None else truth - u
-            e.pieces["verify"] = torch.stack([torch.linalg.vector_norm(miss), torch.linalg.vector_norm(truth)]).double()
-            e.clone = None
+    def _measure_updates(self, chunk: list[_Entry], states: list[dict[str, Any]], batch: stats.Batch) -> None:
+        """Rebuild the updates of one chunk of entries (one param group, one device) and add their
+        sums to ``batch`` (and, where they apply, lost-update and verify pieces to the entries).
+        The chunk's temporaries die on return."""
+        viewed = [i for i, e in enumerate(chunk) if not isinstance(e.snapshot, Cloned)]
+        rebuilt = dict(zip(viewed, rebuild(self.view, chunk[0].group, [chunk[i].p for i in viewed],
+                                           [states[i] for i in viewed], [chunk[i].snapshot for i in viewed])))
+        jobs = []
+        for i, e in enumerate(chunk):
+            u = rebuilt[i] if i in rebuilt else e.snapshot.update(e.p)
+            centre = self._centre.get((e.name, "u"), True)
+            job = _prepare_update(e, u, states[i], centre)
+            if job is not None:
+                jobs.append((e, centre, *job))
+        _record(batch, [j[0] for j in jobs], "u", [j[2] for j in jobs], [j[1] for j in jobs],
+                scale=[j[3] for j in jobs], scratch=[j[4] for j in jobs])
 
     def _log(self, figures: dict[str, float]) -> None:
         prefix = self.settings.prefix
@@ -278,27 +275,78 @@ def _owned(u: Tensor, p: Tensor, state: dict[str, Any]) -> bool:
     return all(t is None or t.is_sparse or t.untyped_storage().data_ptr() != ptr for t in held)
 
 
-_MOMENTS = ("p", "grad", "u")
+CHUNK_BYTES_MIN = 1 << 20
+"""Smallest chunk of rebuilt updates (bytes of the parameters): below it, batching saves more
+dispatch time than the temporaries cost."""
 
 
-def _finish_moments(entries: list[_Entry]) -> None:
-    """Turn every entry's raw sums (``stats.sums``) into ``(mean, m2)`` rows, all in one batch."""
-    raw = [(e, key) for e in entries for key in _MOMENTS if key in e.pieces]
-    rows = stats.finish([e.pieces[key] for e, key in raw], [stats.count(e.p) for e, _ in raw])
-    for (e, key), row in zip(raw, rows):
-        e.pieces[key] = row
+def _chunks(entries: list[_Entry]) -> Iterator[list[_Entry]]:
+    """Consecutive entries of one param group and device whose parameters together take at most
+    the bytes of the largest one (or :data:`CHUNK_BYTES_MIN`): the rebuilt updates of a chunk are
+    alive at once, so a logging step's extra memory stays one parameter's worth."""
+    budget = max([CHUNK_BYTES_MIN, *(_nbytes(e.p) for e in entries)])
+    chunk: list[_Entry] = []
+    size = 0
+    for e in entries:
+        if chunk and (size + _nbytes(e.p) > budget or e.group is not chunk[0].group
+                      or e.p.device != chunk[0].p.device):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(e)
+        size += _nbytes(e.p)
+    if chunk:
+        yield chunk
 
 
-def _record_grads(entries: list[_Entry], grad_scale: Tensor | None, centre: list[bool] | None = None) -> None:
-    """Moments of each ``p.grad`` as the step uses it: unscaled when a fused GradScaler step passes
-    its scale; no ``"grad"`` piece where the grad is ``None``."""
+def _nbytes(p: Tensor) -> int:
+    return p.numel() * p.element_size()
+
+
+def _prepare_update(e: _Entry, u: Tensor | Scaled | None, state: dict[str, Any],
+                    centre: bool) -> tuple[Tensor, float | Tensor, bool] | None:
+    """What to reduce for the update of ``e``: ``(tensor, factor, scratch)`` with u = factor * tensor
+    (``scratch``: a temporary that a centred pass may overwrite), or None where nothing moved.
+
+    Forms u where it is needed element-wise: the effective update of a bf16/fp16 parameter (and its
+    ``"lost"`` piece), verify mode's comparison with the clone (its ``"verify"`` piece)."""
+    cloned = isinstance(e.snapshot, Cloned)
+    if isinstance(u, Scaled):
+        if not (u.tensor.is_sparse or e.p.dtype in LOW_PRECISION or e.clone is not None):
+            return u.tensor, u.factor, centre and _owned(u.tensor, e.p, state)
+        u = u.dense()
+    u = u.to_dense() if u is not None and u.is_sparse else u  # SGD momentum on sparse grads
+    if u is not None and e.p.dtype in LOW_PRECISION:
+        grad = e.p.grad.to_dense() if e.p.grad is not None and e.p.grad.is_sparse else e.p.grad
+        asked = (grad != 0) if cloned and grad is not None else (u != 0)
+        u = u if cloned else _effective_update(e.p, u)
+        e.pieces["lost"] = ((u == 0) & asked).sum().double().reshape(1)
+    if e.clone is not None:
+        truth = Cloned(e.clone).update(e.p)
+        miss = truth if u is None else truth - u
+        e.pieces["verify"] = torch.stack([torch.linalg.vector_norm(miss), torch.linalg.vector_norm(truth)]).double()
+        e.clone = None
+        return None if u is None else (u, 1.0, False)
+    return None if u is None else (u, 1.0, centre and _owned(u, e.p, state))
+
+
+def _record(batch: stats.Batch, entries: list[_Entry], kind: str, xs: list[Tensor], centre: list[bool],
+            scale: stats.Scale = None, scratch: bool | list[bool] = False) -> None:
+    """Add the sums of ``xs`` (one per entry) to ``batch`` and note each entry's slot under ``kind``."""
+    for e, slot in zip(entries, batch.add(xs, centre, scale, scratch)):
+        e.slots[kind] = slot
+
+
+def _record_grads(batch: stats.Batch, entries: list[_Entry], grad_scale: Tensor | None,
+                  centre: list[bool] | None = None) -> None:
+    """Sums of each ``p.grad`` as the step uses it: unscaled when a fused GradScaler step passes
+    its scale; no ``"grad"`` slot where the grad is ``None``."""
     flags = centre if centre is not None else [True] * len(entries)
     with_grad = [(e, c) for e, c in zip(entries, flags) if e.p.grad is not None]
     for e in entries:
-        e.pieces.pop("grad", None)
-    rows = stats.sums_many([e.p.grad for e, _ in with_grad], [c for _, c in with_grad])
-    for (e, _), row in zip(with_grad, rows):
-        e.pieces["grad"] = row if grad_scale is None else row / grad_scale.to(row.device)  # sums are linear
+        e.slots.pop("grad", None)
+    scale = None if grad_scale is None else grad_scale.detach().double().reciprocal()  # sums are linear
+    _record(batch, [e for e, _ in with_grad], "grad", [e.p.grad for e, _ in with_grad],
+            [c for _, c in with_grad], scale)
 
 
 def _effective_update(p: Tensor, intended: Tensor) -> Tensor:
@@ -361,8 +409,8 @@ def _closure_is_first(optimizer_cls: type) -> bool:
     return names[1:2] == ["closure"]
 
 
-def _record_grads_after_closure(entries: list[_Entry], args: tuple[Any, ...], kwargs: dict[str, Any],
-                                closure_first: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _record_grads_after_closure(entries: list[_Entry], batch: stats.Batch, args: tuple[Any, ...],
+                                kwargs: dict[str, Any], closure_first: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Wrap a closure so that the grad moments are those its first call produced.
 
     A closure-driven step (``SGD.step(closure)``, ``LBFGS``) computes the gradient inside
@@ -380,7 +428,7 @@ def _record_grads_after_closure(entries: list[_Entry], args: tuple[Any, ...], kw
         if not done:
             done = True
             with torch.no_grad():
-                _record_grads(entries, None)
+                _record_grads(batch, entries, None)
         return loss
 
     if in_kwargs:

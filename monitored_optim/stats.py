@@ -1,19 +1,22 @@
 """Per-tensor moments on the device, finished in one batch, copied to the host once, and the figures.
 
-Each tensor x is reduced on its device to raw sums (:func:`sums`: centred for tensors whose mean
-dwarfs their spread, such as a LayerNorm weight near 1.0 with std 1e-4, uncentred otherwise),
-:func:`finish` turns every row of a logging step into ``(mean, m2)`` in float64 at once, with
-``m2 = sum((x - mean)^2)``, and :func:`to_host` copies them with one copy per device. The element
-count n stays on the host. From a row: ``std = sqrt(m2 / (n - 1))`` (Bessel's correction, as
-``torch.std(correction=1)``) and ``||x||_2 = sqrt(m2 + n * mean^2)`` (both terms >= 0: no
-cancellation). Rows of disjoint pieces combine as power sums (Chan, Golub & LeVeque 1979), which
-is what sharded training needs (``distributed.py``).
+Each tensor x is reduced on its device to raw sums when it is added to a :class:`Batch` (centred
+for tensors whose mean dwarfs their spread, such as a LayerNorm weight near 1.0 with std 1e-4,
+uncentred otherwise: :func:`sums`), :meth:`Batch.finish` turns every row of a logging step into
+``(mean, m2)`` in float64 at once, with ``m2 = sum((x - mean)^2)``, and :func:`to_host` copies them
+with one copy per device. The element count n stays on the host. From a row:
+``std = sqrt(m2 / (n - 1))`` (Bessel's correction, as ``torch.std(correction=1)``) and
+``||x||_2 = sqrt(m2 + n * mean^2)`` (both terms >= 0: no cancellation). Rows of disjoint pieces
+combine as power sums (Chan, Golub & LeVeque 1979), which is what sharded training needs
+(``distributed.py``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Union
 
 import torch
 from torch import Tensor
@@ -22,8 +25,7 @@ from torch import Tensor
 def moments(x: Tensor, scratch: bool = False) -> Tensor:
     """The ``(mean, m2)`` of ``x`` as a float64 tensor of shape ``(2,)`` on ``x``'s device.
 
-    ``finish([sums(x, centre=True, scratch=scratch)], [count(x)])``: see :func:`sums` and
-    :func:`finish`.
+    A one-tensor :class:`Batch` with the centred pass.
 
     Args:
         x: any floating or complex tensor, any shape. Complex counts as pairs of reals, sparse is
@@ -34,12 +36,14 @@ def moments(x: Tensor, scratch: bool = False) -> Tensor:
     Returns:
         Tensor of shape ``(2,)``, dtype float64. No host synchronisation.
     """
-    return finish([sums(x, centre=True, scratch=scratch)], [count(x)])[0]
+    batch = Batch()
+    batch.add([x], [True], scratch=scratch)
+    return batch.finish()[0]
 
 
 def sums(x: Tensor, centre: bool, scratch: bool = False) -> Tensor:
-    """Raw sums of ``x`` for :func:`finish`: ``(mean, sum(x - mean), ||x - mean||)`` when ``centre``
-    (two passes, a temporary unless ``scratch``), else ``(sum(x), ||x||)`` (one pass, none).
+    """Raw sums of one tensor: ``(mean, sum(x - mean), ||x - mean||)`` when ``centre`` (two passes,
+    a temporary unless ``scratch``), else ``(sum(x), ||x||)`` (one pass each, none).
 
     Centring keeps the spread of a tensor whose mean dwarfs it (a LayerNorm weight near 1.0 with
     std 1e-4), and the sum of the centred values removes the rounding of the float32 mean (the
@@ -60,54 +64,112 @@ def sums(x: Tensor, centre: bool, scratch: bool = False) -> Tensor:
     return torch.stack([mean, centred.sum(), torch.linalg.vector_norm(centred)])
 
 
-def scale_sums(row: Tensor, factor: float | Tensor) -> Tensor:
-    """:func:`sums` of ``factor * x`` from those of ``x``: every entry times ``factor``, the norm
-    (last entry) times ``|factor|``."""
-    f = torch.as_tensor(factor, dtype=row.dtype, device=row.device)
-    return torch.cat([row[:-1] * f, row[-1:] * f.abs()])
+Scale = Union[float, Tensor, Sequence[Union[float, Tensor]], None]
+"""What :meth:`Batch.add` multiplies its tensors by: nothing (``None``), one factor for all (a
+float or a one-element Tensor), or one per tensor (a sequence of floats and one-element Tensors,
+or a 1-D Tensor)."""
 
 
-def sums_many(xs: list[Tensor], centre: list[bool]) -> list[Tensor]:
-    """:func:`sums` of every tensor; the uncentred norms come from one ``torch._foreach_norm`` per
-    device and dtype instead of one kernel per tensor."""
-    rows: list[Tensor | None] = [sums(x, centre=True) if c else None for x, c in zip(xs, centre)]
-    groups: dict[tuple[torch.device, torch.dtype], list[tuple[int, Tensor]]] = {}
-    for i, x in enumerate(xs):
-        if rows[i] is None:
-            dense = _dense_real(x)
-            groups.setdefault((dense.device, dense.dtype), []).append((i, dense))
-    for members in groups.values():
-        totals = torch.stack([dense.sum() for _, dense in members])
-        norms = torch.stack(torch._foreach_norm([dense for _, dense in members]))
-        for (i, _), row in zip(members, torch.stack([totals, norms], 1).unbind(0)):
-            rows[i] = row
-    return rows  # type: ignore[return-value]
+class Batch:
+    """Raw sums of many tensors, taken when they are added, finished together into ``(mean, m2)``.
 
+    A logging step adds p_before and the grads before the base step and each chunk of rebuilt
+    updates after it, so that no tensor has to outlive its reduction; :meth:`finish` then turns
+    every row into float64 ``(mean, m2)`` with a few ops per device. Uncentred rows of one add come
+    from one ``torch._foreach_norm`` and one stack of sums per device and dtype; centred rows (see
+    :func:`sums`) one tensor at a time.
 
-def finish(raw: list[Tensor], counts: list[int]) -> list[Tensor]:
-    """``(mean, m2)`` rows in float64 from :func:`sums` rows, all at once per device and kind.
+    Example::
 
-    Centred ``(c, r, q)``: mean = c + r/n, m2 = q^2 - r^2/n. Uncentred ``(s, q)``: mean = s/n,
-    m2 = q^2 - s^2/n. Empty tensors give ``(0, 0)``.
-
-    Args:
-        raw: rows of :func:`sums`. counts: element counts n (:func:`count`), one per row.
-
-    Returns:
-        Tensors of shape ``(2,)``, float64, in order, each on its row's device.
+        batch = Batch()
+        slots = batch.add([p.grad for p in params], [False] * len(params), scale=1 / grad_scale)
+        rows = batch.finish()      # rows[slots[i]]: (mean, m2) of params[i].grad / grad_scale
     """
-    out: list[Tensor | None] = [None] * len(raw)
-    groups: dict[tuple[torch.device, int], list[int]] = {}
-    for i, row in enumerate(raw):
-        groups.setdefault((row.device, row.numel()), []).append(i)
-    for (device, width), idx in groups.items():
-        table = torch.stack([raw[i].double() for i in idx])
-        n = torch.tensor([max(counts[i], 1) for i in idx], dtype=torch.float64, device=device)
-        shift, total, norm = (table.unbind(1) if width == 3 else (torch.zeros_like(n), *table.unbind(1)))
-        rows = torch.stack([shift + total / n, norm * norm - total * total / n], 1)
-        for i, row in zip(idx, rows.unbind(0)):
-            out[i] = row
-    return out  # type: ignore[return-value]
+
+    def __init__(self) -> None:
+        self._counts: list[int] = []
+        self._parts: dict[tuple[torch.device, int], list[tuple[list[int], Tensor, Tensor | None]]] = {}
+
+    def add(self, xs: Sequence[Tensor], centre: Sequence[bool], scale: Scale = None,
+            scratch: bool | Sequence[bool] = False) -> list[int]:
+        """Reduce ``scale * x`` for each x of ``xs`` to raw sums now; return their slots in :meth:`finish`.
+
+        Args:
+            xs: floating or complex tensors of any shapes and devices (see :func:`moments`).
+            centre: per tensor, whether to take the centred pass (:func:`needs_centring`).
+            scale: see :data:`Scale`; sums are linear, so the factor is applied when finishing.
+            scratch: per tensor (or for all), whether it is a temporary that a centred pass may
+                overwrite.
+
+        Returns:
+            One slot index per tensor, in order.
+        """
+        first = len(self._counts)
+        self._counts += [count(x) for x in xs]
+        factors = _factor_vector(scale, len(xs), xs)
+        scratch = [scratch] * len(xs) if isinstance(scratch, bool) else list(scratch)
+        groups: dict[tuple[torch.device, torch.dtype | None], list[int]] = {}
+        for i, x in enumerate(xs):
+            groups.setdefault((x.device, None if centre[i] else _real_dtype(x)), []).append(i)
+        for (device, plain), idx in groups.items():
+            if plain is None:
+                table = torch.stack([sums(xs[i], True, scratch[i]).double() for i in idx])
+            else:
+                dense = [_dense_real(xs[i]) for i in idx]
+                table = torch.stack([torch.stack([d.sum() for d in dense]),
+                                     torch.stack(torch._foreach_norm(dense))], 1)
+            f = None if factors is None else _pick(factors, idx, len(xs)).to(device)
+            self._parts.setdefault((device, table.shape[1]), []).append(([first + i for i in idx], table, f))
+        return list(range(first, first + len(xs)))
+
+    def finish(self) -> list[Tensor]:
+        """``(mean, m2)`` of every slot added so far, float64 tensors of shape ``(2,)`` on their devices.
+
+        Centred ``(c, r, q)``: mean = c + r/n, m2 = q^2 - r^2/n. Uncentred ``(s, q)``: mean = s/n,
+        m2 = q^2 - s^2/n. Scaled by f: mean * f, m2 * f^2. Empty tensors give ``(0, 0)``.
+        """
+        out: list[Tensor | None] = [None] * len(self._counts)
+        for (device, width), parts in self._parts.items():
+            slots = [s for part, _, _ in parts for s in part]
+            table = torch.cat([t.double() for _, t, _ in parts])
+            n = torch.tensor([max(self._counts[s], 1) for s in slots], dtype=torch.float64).to(device)
+            shift, total, norm = table.unbind(1) if width == 3 else (torch.zeros_like(n), *table.unbind(1))
+            rows = torch.stack([shift + total / n, norm * norm - total * total / n], 1)
+            if any(f is not None for _, _, f in parts):
+                f = torch.cat([torch.ones(len(p), dtype=torch.float64, device=device) if f is None else f
+                               for p, _, f in parts])
+                rows = rows * torch.stack([f, f * f], 1)
+            for s, row in zip(slots, rows.unbind(0)):
+                out[s] = row
+        return out  # type: ignore[return-value]
+
+
+def _factor_vector(scale: Scale, k: int, xs: Sequence[Tensor]) -> Tensor | None:
+    """``scale`` as a float64 vector (length k, or one element meaning all), or None for ones."""
+    if scale is None:
+        return None
+    if isinstance(scale, Tensor):
+        return scale.detach().reshape(-1).double()
+    if isinstance(scale, (int, float)):
+        return torch.tensor([float(scale)], dtype=torch.float64)
+    if not any(isinstance(f, Tensor) for f in scale):
+        return torch.tensor([float(f) for f in scale], dtype=torch.float64)
+    return torch.stack([torch.as_tensor(f, dtype=torch.float64, device=x.device).reshape(())
+                        for f, x in zip(scale, xs)])
+
+
+def _pick(factors: Tensor, idx: list[int], k: int) -> Tensor:
+    """The factors of the tensors ``idx`` (of k) from a vector of k (or of one, for all)."""
+    if factors.numel() == 1:
+        return factors.expand(len(idx))
+    return factors if idx == list(range(k)) else factors[idx]
+
+
+def _real_dtype(x: Tensor) -> torch.dtype:
+    """The dtype :func:`_dense_real` gives ``x``."""
+    if x.is_complex():
+        return x.real.dtype
+    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
 
 
 CENTRE_ABOVE = 100.0

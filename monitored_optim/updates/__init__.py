@@ -9,6 +9,9 @@ A view is two small functions of ``(group, p, state)`` with no hidden state:
   update u with ``p``'s shape (a temporary the caller drops after reducing it), a
   :class:`~monitored_optim.updates.clone.Scaled` buffer when u is a multiple of one, or ``None``
   when the step left ``p`` exactly unchanged (torch optimizers skip parameters whose grad is ``None``).
+* optionally ``update_many(group, params, states, snapshots) -> list``: ``update`` of several
+  parameters of one group and device at once (``torch._foreach_*`` ops, one set of coefficient
+  ops); :func:`rebuild` uses it where a view has it.
 
 A view is chosen by the optimizer's ``step`` function, never by class name alone: a subclass
 that overrides ``step`` gets the clone fallback, whose figures are true for any optimizer.
@@ -64,6 +67,16 @@ _REGISTRY: dict[type[torch.optim.Optimizer], View] = {
 }
 
 
+def rebuild(view: View, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]],
+            snapshots: list[Any]) -> list[Tensor | Scaled | None]:
+    """``view.update`` of each parameter of ``params`` (all of ``group``, one device), through the
+    view's ``update_many`` where it has one."""
+    many = getattr(view, "update_many", None)
+    if many is not None:
+        return many(group, params, states, snapshots)
+    return [view.update(group, p, s, snap) for p, s, snap in zip(params, states, snapshots)]
+
+
 def raw_step(cls: type) -> Callable[..., Any]:
     """``cls.step`` without torch's hook wrappers (``Optimizer.profile_hook_step``, marked ``hooked``).
 
@@ -108,4 +121,4 @@ def register(optimizer_cls: type[torch.optim.Optimizer], view: View) -> None:
     _REGISTRY.update({cls: _REGISTRY.pop(cls) for cls in list(_REGISTRY) if cls is not optimizer_cls})
 
 
-__all__ = ["CLONE", "Cloned", "CloneView", "Scaled", "View", "raw_step", "register", "view_for"]
+__all__ = ["CLONE", "Cloned", "CloneView", "Scaled", "View", "raw_step", "rebuild", "register", "view_for"]
