@@ -189,14 +189,16 @@ def count(x: Tensor) -> int:
 
 
 def _dense_real(x: Tensor) -> Tensor:
-    x = x.detach()
+    """``x`` as the real dense tensor that the sums read (any shape: they reduce over all of it)."""
+    if x.requires_grad and torch.is_grad_enabled():
+        x = x.detach()
     if x.is_sparse:
         x = x.coalesce().to_dense()
     if x.is_complex():
         x = torch.view_as_real(x)
     if x.dtype in (torch.float16, torch.bfloat16):
         x = x.float()
-    return x.reshape(-1)
+    return x
 
 
 @dataclass(frozen=True)

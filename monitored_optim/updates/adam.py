@@ -13,6 +13,11 @@ Rebuild after the step from the stored m, v (or v̂) and t, without p_b:
 * decoupled: p_b = (p_a - d) / s, so u = (d - (1 - s)·p_a) / s (s is a constant; where |s| < 1/2,
   lr·λ near 1, the parameter falls back to a clone).
 
+Several parameters at once (``update_many``, float32/float64 ones): with b = sqrt(bc2),
+d = c·r where c = -(lr / bc1)·b and r = m / (sqrt(v̂) + eps·b), the same quotient rearranged (a few
+ulp apart); the coefficients of all parameters come from one vector of steps, r from
+``torch._foreach_*`` ops, and u = (c / s)·(r - (lr·λ / c)·p_a) is returned as ``Scaled(r', c / s)``.
+
 Hyperparameters are read raw from the parameter's own group: a Tensor lr or beta, or the
 ``capturable``/``differentiable`` tensor step, makes the bias corrections float32 tensor arithmetic
 exactly as in torch. Source: Kingma & Ba (2015), Loshchilov & Hutter (2019), ``torch/optim/adam.py``
@@ -27,7 +32,9 @@ import torch
 from torch import Tensor
 
 from ._shared import decay_solvable
-from .clone import Cloned
+from .clone import Cloned, Scaled
+
+_BATCHED = (torch.float32, torch.float64)
 
 
 class AdamView:
@@ -67,3 +74,46 @@ class AdamView:
             else:
                 u.add_(p_a, alpha=-(1 - s)).div_(s)
         return torch.view_as_complex(u) if torch.is_complex(p) else u
+
+    def update_many(self, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]],
+                    snapshots: list[Any]) -> list[Tensor | Scaled | None]:
+        """:meth:`update` of several parameters of ``group`` on one device (formulas above). bf16/fp16
+        and complex parameters, whose rounding ``update`` mirrors, and steps kept on several
+        devices, take :meth:`update` one by one."""
+        out: list[Tensor | Scaled | None] = [None] * len(params)
+        live = []
+        for i, (p, state) in enumerate(zip(params, states)):
+            if p.grad is None or "exp_avg" not in state:
+                continue
+            if p.dtype in _BATCHED and state["exp_avg"].dtype == p.dtype:
+                live.append(i)
+            else:
+                out[i] = self.update(group, p, state, snapshots[i])
+        steps = [states[i]["step"] for i in live]
+        if len({s.device for s in steps}) > 1 or not all(isinstance(s, Tensor) for s in steps):
+            for i in live:
+                out[i] = self.update(group, params[i], states[i], snapshots[i])
+            return out
+        if live:
+            for i, u in zip(live, self._rebuild(group, [params[i] for i in live], [states[i] for i in live])):
+                out[i] = u
+        return out
+
+    def _rebuild(self, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]]) -> list[Scaled]:
+        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        step = torch.stack([s["step"] for s in states])
+        if not (group["capturable"] or group["differentiable"]):
+            step = step.double()  # torch's step.item() in Python doubles, without a host read
+        b = (1 - beta2**step).sqrt()
+        c = -(lr / (1 - beta1**step)) * b
+        device = params[0].device
+        r = torch._foreach_sqrt([s["max_exp_avg_sq" if group["amsgrad"] else "exp_avg_sq"] for s in states])
+        torch._foreach_add_(r, list((eps * b).to(device).unbind()))
+        torch._foreach_reciprocal_(r)
+        torch._foreach_mul_(r, [s["exp_avg"] for s in states])
+        wd = group["weight_decay"]
+        if wd != 0 and group["decoupled_weight_decay"]:
+            k = (lr * wd) / c  # r - k·p_a = (d - lr·λ·p_a) / c
+            torch._foreach_addcmul_(r, params, list((-k).to(device).unbind()))
+            c = c / (1 - lr * wd)
+        return [Scaled(t, f) for t, f in zip(r, c.to(device).unbind())]
