@@ -2,7 +2,7 @@
 
 Each tensor x is reduced on its device to raw sums when it is added to a :class:`Batch` (centred
 for tensors whose mean dwarfs their spread, such as a LayerNorm weight near 1.0 with std 1e-4,
-uncentred otherwise: :func:`sums`), :meth:`Batch.finish` turns every row of a logging step into
+uncentred otherwise: :func:`_centred`), :meth:`Batch.finish` turns every row of a logging step into
 ``(mean, m2)`` in float64 at once, with ``m2 = sum((x - mean)^2)``, and :func:`to_host` copies them
 with one copy per device. The element count n stays on the host. From a row:
 ``std = sqrt(m2 / (n - 1))`` (Bessel's correction, as ``torch.std(correction=1)``) and
@@ -41,21 +41,20 @@ def moments(x: Tensor, scratch: bool = False) -> Tensor:
     return batch.finish()[0]
 
 
-def sums(x: Tensor, centre: bool, scratch: bool = False) -> Tensor:
-    """Raw sums of one tensor: ``(mean, sum(x - mean), ||x - mean||)`` when ``centre`` (two passes,
-    a temporary unless ``scratch``), else ``(sum(x), ||x||)`` (one pass each, none).
+def _centred(x: Tensor, scratch: bool = False) -> Tensor:
+    """Centred raw sums of one tensor: ``(mean, sum(x - mean), ||x - mean||)``, two passes and a
+    temporary unless ``scratch`` (``x`` is the caller's temporary: centred in place).
 
     Centring keeps the spread of a tensor whose mean dwarfs it (a LayerNorm weight near 1.0 with
     std 1e-4), and the sum of the centred values removes the rounding of the float32 mean (the
-    shifted-data formulas, Chan, Golub & LeVeque 1983). Without centring the float32 rounding costs
-    about 1e-7 * mean^2 / var of the variance: use it where ``mean^2 / var <= CENTRE_ABOVE``.
+    shifted-data formulas, Chan, Golub & LeVeque 1983). Uncentred sums ``(sum(x), ||x||)`` lose
+    about 1e-7 * mean^2 / var of the variance in float32: :class:`Batch` takes them where
+    ``mean^2 / var <= CENTRE_ABOVE``.
 
     Returns:
-        Tensor of shape ``(3,)`` or ``(2,)`` in ``x``'s real dtype (float32 for bf16/fp16), on its device.
+        Tensor of shape ``(3,)`` in ``x``'s real dtype (float32 for bf16/fp16), on its device.
     """
     dense = _dense_real(x)
-    if not centre:
-        return torch.stack([dense.sum(), torch.linalg.vector_norm(dense)])
     if dense.numel() == 0:
         return dense.new_zeros(3)
     mean = dense.mean()
@@ -77,7 +76,7 @@ class Batch:
     updates after it, so that no tensor has to outlive its reduction; :meth:`finish` then turns
     every row into float64 ``(mean, m2)`` with a few ops per device. Uncentred rows of one add come
     from one ``torch._foreach_norm`` and one stack of sums per device and dtype; centred rows (see
-    :func:`sums`) one tensor at a time.
+    :func:`_centred`) one tensor at a time.
 
     Example::
 
@@ -113,7 +112,7 @@ class Batch:
             groups.setdefault((x.device, None if centre[i] else _real_dtype(x)), []).append(i)
         for (device, plain), idx in groups.items():
             if plain is None:
-                table = torch.stack([sums(xs[i], True, scratch[i]).double() for i in idx])
+                table = torch.stack([_centred(xs[i], scratch[i]).double() for i in idx])
             else:
                 dense = [_dense_real(xs[i]) for i in idx]
                 table = torch.stack([torch.stack([d.sum() for d in dense]),
@@ -173,12 +172,12 @@ def _real_dtype(x: Tensor) -> torch.dtype:
 
 
 CENTRE_ABOVE = 100.0
-"""mean^2 / var above which a tensor's moments need the centred pass (see :func:`sums`)."""
+"""mean^2 / var above which a tensor's moments need the centred pass (see :func:`_centred`)."""
 
 
 def needs_centring(mean: float, m2: float, n: float) -> bool:
     """Whether a tensor with these moments should take the centred pass next time (see
-    :func:`sums`); True for undefined or non-finite values."""
+    :func:`_centred`); True for undefined or non-finite values."""
     var = m2 / n if n else 0.0
     return not (math.isfinite(mean) and math.isfinite(var)) or mean * mean > CENTRE_ABOVE * var
 
