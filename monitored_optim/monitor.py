@@ -10,6 +10,7 @@ to the backends.
 from __future__ import annotations
 
 import atexit
+import functools
 import inspect
 import math
 import weakref
@@ -190,28 +191,14 @@ class Monitor:
             hosted = [({key: next(values) for key in e.pieces}, stats.count(e.p)) for e in entries]
         else:  # whole-parameter values and counts: one all_reduce, one host copy
             hosted = sharding.reduce(entries)
-        figures: dict[str, float] = {}
-        records, errors = [], []
-        totals = {"param": 0.0, "grad": 0.0, "update": 0.0}
-        for e, (got, n) in zip(entries, hosted):
-            p_m = stats.Moments(n, *got["p"])
-            g_m = stats.Moments(n, *got["grad"]) if "grad" in got else None
-            u_m = stats.Moments(n, *got["u"]) if "u" in got else stats.Moments(n, 0.0, 0.0)
-            for kind, m in (("p", p_m), ("grad", g_m), ("u", u_m)):
-                if m is not None and m.n:
-                    self._centre[(e.name, kind)] = stats.needs_centring(m.mean, m.m2, m.n)
-            figures.update(_parameter_figures(e.name, p_m, g_m, u_m))
-            if "lost" in got and n > 0:
-                figures[f"update_lost/{e.name}"] = got["lost"][0] / n
-            if "verify" in got:
-                errors.append(_verify_error(e, p_m, *got["verify"], told=self._verify_told))
-            records.append(ParamHealth(e.name, g_m is not None, g_m is not None and u_m.all_zero,
-                                       tuple(k for k, m in (("value", p_m), ("grad", g_m), ("update", u_m))
-                                             if m is not None and not m.finite)))
-            totals["param"] += p_m.sq_norm
-            totals["update"] += u_m.sq_norm
-            totals["grad"] += g_m.sq_norm if g_m is not None else 0.0
-        figures.update({f"global/{k}_norm": math.sqrt(v) for k, v in totals.items()})
+        table = _moment_table(hosted)
+        figures = self._parameter_figures(entries, hosted, table)
+        sq_norms = table.sq_norm.sum(0).tolist()
+        figures.update({f"global/{kind}_norm": math.sqrt(v) for kind, v in zip(("param", "grad", "update"), sq_norms)})
+        p_norms = table.norm[:, 0].tolist()
+        errors = [_verify_error(e, p_norms[i], *got["verify"], told=self._verify_told)
+                  for i, (e, (got, _)) in enumerate(zip(entries, hosted)) if "verify" in got]
+        records = _health_records(entries, hosted, table)
         figures.update(_learning_rates(optimizer))
         figures.update(self.health.figures(records, self.step))
         if errors:
@@ -220,6 +207,27 @@ class Monitor:
             if model is not None:
                 self.health.check_watched(model, optimizer)
         return {tag: value for tag, value in figures.items() if math.isfinite(value)}
+
+    def _parameter_figures(self, entries: list[_Entry], hosted: list[tuple[dict[str, list[float]], float]],
+                           table: stats.MomentTable) -> dict[str, float]:
+        """Per-parameter figures from the table (undefined ratios come out NaN and are dropped
+        later), and each moment's centring decision for the next logging step."""
+        norm = table.norm
+        columns = torch.stack([norm[:, 0], norm[:, 2], table.log10_ratio(2, 0),
+                               norm[:, 1], table.log10_ratio(1, 0)], 1).tolist()
+        centre = table.needs_centring.tolist()
+        figures: dict[str, float] = {}
+        for e, (got, n), values, flags in zip(entries, hosted, columns, centre):
+            tags = _tags(e.name)
+            figures.update(zip(tags[:3], values[:3]))
+            if "grad" in got:
+                figures.update(zip(tags[3:], values[3:]))
+            if "lost" in got and n > 0:
+                figures[f"update_lost/{e.name}"] = got["lost"][0] / n
+            if n:
+                self._centre.update(((e.name, kind), flag) for kind, flag in zip(_KINDS, flags)
+                                    if kind != "grad" or "grad" in got)
+        return figures
 
     def _measure_updates(self, chunk: list[_Entry], states: list[dict[str, Any]], batch: stats.Batch) -> None:
         """Rebuild the updates of one chunk of entries (one param group, one device) and add their
@@ -365,9 +373,9 @@ def _effective_update(p: Tensor, intended: Tensor) -> Tensor:
     return after - before
 
 
-def _verify_error(e: _Entry, p_m: stats.Moments, miss: float, truth: float, told: set[str]) -> float:
+def _verify_error(e: _Entry, p_norm: float, miss: float, truth: float, told: set[str]) -> float:
     """Relative error of the view against the clone; warns once per parameter beyond tolerance."""
-    floor = torch.finfo(e.p.dtype).eps * p_m.norm if e.p.is_floating_point() else 0.0
+    floor = torch.finfo(e.p.dtype).eps * p_norm if e.p.is_floating_point() else 0.0
     if miss > VERIFY_RTOL * truth + floor and e.name not in told:
         told.add(e.name)
         warn(f"monitored_optim verify: the update of {e.name!r} rebuilt from the optimizer state differs "
@@ -376,14 +384,37 @@ def _verify_error(e: _Entry, p_m: stats.Moments, miss: float, truth: float, told
     return miss / truth if truth > 0 else (0.0 if miss == 0 else math.inf)
 
 
-def _parameter_figures(name: str, p: stats.Moments, g: stats.Moments | None, u: stats.Moments) -> dict[str, float]:
-    figures = {f"param_norm/{name}": p.norm, f"update_norm/{name}": u.norm}
-    ratios = {f"update_to_data/{name}": stats.log10_ratio(u, p)}
-    if g is not None:
-        figures[f"grad_norm/{name}"] = g.norm
-        ratios[f"grad_to_data/{name}"] = stats.log10_ratio(g, p)
-    figures.update({tag: r for tag, r in ratios.items() if r is not None})
-    return figures
+_KINDS = ("p", "grad", "u")
+"""The moments of each entry, in the columns of its :class:`~monitored_optim.stats.MomentTable`."""
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _tags(name: str) -> tuple[str, ...]:
+    """The per-parameter tags of ``name``, in the order of the columns of ``_parameter_figures``."""
+    return (f"param_norm/{name}", f"update_norm/{name}", f"update_to_data/{name}",
+            f"grad_norm/{name}", f"grad_to_data/{name}")
+
+
+def _moment_table(hosted: list[tuple[dict[str, list[float]], float]]) -> stats.MomentTable:
+    """The host values of a logging step as one table; a missing grad or update counts as zeros
+    (no update: the parameter did not move)."""
+    zero = (0.0, 0.0)
+    rows = [[got.get(kind, zero) for kind in _KINDS] for got, _ in hosted]
+    pairs = torch.tensor(rows, dtype=torch.float64).reshape(len(hosted), len(_KINDS), 2)
+    n = torch.tensor([float(n) for _, n in hosted], dtype=torch.float64).reshape(-1, 1)
+    return stats.MomentTable(n, pairs[..., 0], pairs[..., 1])
+
+
+def _health_records(entries: list[_Entry], hosted: list[tuple[dict[str, list[float]], float]],
+                    table: stats.MomentTable) -> list[ParamHealth]:
+    finite, zero_update = table.finite.tolist(), table.all_zero[:, 2].tolist()
+    records = []
+    for e, (got, _), ok, still in zip(entries, hosted, finite, zero_update):
+        has_grad = "grad" in got
+        bad = tuple(label for label, fine, present in zip(("value", "grad", "update"), ok, (True, has_grad, True))
+                    if present and not fine)
+        records.append(ParamHealth(e.name, has_grad, has_grad and still, bad))
+    return records
 
 
 def _learning_rates(optimizer: torch.optim.Optimizer) -> dict[str, float]:

@@ -175,13 +175,6 @@ CENTRE_ABOVE = 100.0
 """mean^2 / var above which a tensor's moments need the centred pass (see :func:`_centred`)."""
 
 
-def needs_centring(mean: float, m2: float, n: float) -> bool:
-    """Whether a tensor with these moments should take the centred pass next time (see
-    :func:`_centred`); True for undefined or non-finite values."""
-    var = m2 / n if n else 0.0
-    return not (math.isfinite(mean) and math.isfinite(var)) or mean * mean > CENTRE_ABOVE * var
-
-
 def count(x: Tensor) -> int:
     """Number of real elements that :func:`moments` sees in ``x`` (complex counts twice)."""
     return x.numel() * (2 if x.is_complex() else 1)
@@ -201,47 +194,65 @@ def _dense_real(x: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True)
-class Moments:
-    """Host-side moments of one tensor: count ``n`` (0 = absent), ``mean`` and ``m2`` (float)."""
+class MomentTable:
+    """Host-side moments of N tensors of K kinds each (a logging step: p, grad, u per parameter).
 
-    n: float
-    mean: float
-    m2: float
+    Every property is computed for the whole table at once (float64 CPU tensors, a few ops in all
+    instead of a few Python calls per tensor), with ``std = sqrt(m2 / (n - 1))`` (correction=1, as
+    ``torch.std``) and ``||x||_2 = sqrt(m2 + n * mean^2)``.
 
-    @property
-    def std(self) -> float:
-        """Sample standard deviation (correction=1); NaN when ``n < 2``."""
-        return math.sqrt(max(self.m2, 0.0) / (self.n - 1)) if self.n > 1 else math.nan
+    Attributes:
+        n: shape ``(N, 1)``, element counts (float64; 0 for an empty tensor).
+        mean: shape ``(N, K)``, float64 means.
+        m2: shape ``(N, K)``, float64 sums of squared deviations from the mean.
+    """
 
-    @property
-    def sq_norm(self) -> float:
-        """Squared L2 norm ``m2 + n * mean^2`` (0 for an empty tensor)."""
-        return max(self.m2, 0.0) + self.n * self.mean * self.mean if self.n else 0.0
-
-    @property
-    def norm(self) -> float:
-        """L2 norm."""
-        return math.sqrt(self.sq_norm)
+    n: Tensor
+    mean: Tensor
+    m2: Tensor
 
     @property
-    def finite(self) -> bool:
-        """Whether mean and m2 are finite (False iff some element was NaN or Inf)."""
-        return math.isfinite(self.mean) and math.isfinite(self.m2)
+    def std(self) -> Tensor:
+        """Sample standard deviations (correction=1), shape ``(N, K)``; NaN where ``n < 2``."""
+        return torch.where(self.n > 1, (self.m2.clamp(min=0) / (self.n - 1)).sqrt(), math.nan)
 
     @property
-    def all_zero(self) -> bool:
-        """Whether every element is exactly zero. The sums run in float32, so updates whose every
-        element is below about 1e-19 in magnitude (squares under float32's smallest normal) would
+    def norm(self) -> Tensor:
+        """L2 norms, shape ``(N, K)`` (0 for an empty tensor)."""
+        return self.sq_norm.sqrt()
+
+    @property
+    def sq_norm(self) -> Tensor:
+        """Squared L2 norms ``m2 + n * mean^2``, shape ``(N, K)`` (0 for an empty tensor)."""
+        return torch.where(self.n > 0, self.m2.clamp(min=0) + self.n * self.mean.square(), 0.0)
+
+    @property
+    def finite(self) -> Tensor:
+        """Bool ``(N, K)``: mean and m2 finite (False iff some element was NaN or Inf)."""
+        return self.mean.isfinite() & self.m2.isfinite()
+
+    @property
+    def all_zero(self) -> Tensor:
+        """Bool ``(N, K)``: every element exactly zero. The sums run in float32, so tensors whose
+        every element is below about 1e-19 in magnitude (squares under float32's smallest normal)
         also read as zero; no optimizer step is that small in practice."""
-        return self.mean == 0.0 and self.m2 == 0.0
+        return (self.mean == 0) & (self.m2 == 0)
 
+    @property
+    def needs_centring(self) -> Tensor:
+        """Bool ``(N, K)``: take the centred pass next time (``mean^2 > CENTRE_ABOVE * var``, see
+        :func:`_centred`); True for undefined or non-finite moments."""
+        var = torch.where(self.n > 0, self.m2 / self.n.clamp(min=1), 0.0)
+        defined = self.mean.isfinite() & var.isfinite()
+        return ~defined | (self.mean.square() > CENTRE_ABOVE * var)
 
-def log10_ratio(num: Moments, den: Moments) -> float | None:
-    """``log10(std(num) / std(den))``, or ``None`` when either std is zero, undefined or not finite."""
-    a, b = num.std, den.std
-    if not (math.isfinite(a) and math.isfinite(b)) or a <= 0.0 or b <= 0.0:
-        return None
-    return math.log10(a / b)
+    def log10_ratio(self, num: int, den: int) -> Tensor:
+        """``log10(std[:, num] / std[:, den])``, shape ``(N,)``; NaN where either std is zero,
+        undefined or not finite (such a ratio is not logged)."""
+        std = self.std
+        a, b = std[:, num], std[:, den]
+        ok = a.isfinite() & b.isfinite() & (a > 0) & (b > 0)
+        return torch.where(ok, (a / b).log10(), math.nan)
 
 
 def to_host(pieces: list[Tensor]) -> list[list[float]]:

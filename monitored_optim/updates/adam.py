@@ -100,20 +100,38 @@ class AdamView:
         return out
 
     def _rebuild(self, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]]) -> list[Scaled]:
-        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
-        step = torch.stack([s["step"] for s in states])
-        if not (group["capturable"] or group["differentiable"]):
-            step = step.double()  # torch's step.item() in Python doubles, without a host read
-        b = (1 - beta2**step).sqrt()
-        c = -(lr / (1 - beta1**step)) * b
-        device = params[0].device
+        eps_b, c = _coefficients(group, states, params[0].device)
         r = torch._foreach_sqrt([s["max_exp_avg_sq" if group["amsgrad"] else "exp_avg_sq"] for s in states])
-        torch._foreach_add_(r, list((eps * b).to(device).unbind()))
+        torch._foreach_add_(r, eps_b)
         torch._foreach_reciprocal_(r)
         torch._foreach_mul_(r, [s["exp_avg"] for s in states])
-        wd = group["weight_decay"]
-        if wd != 0 and group["decoupled_weight_decay"]:
-            k = (lr * wd) / c  # r - k·p_a = (d - lr·λ·p_a) / c
-            torch._foreach_addcmul_(r, params, list((-k).to(device).unbind()))
-            c = c / (1 - lr * wd)
-        return [Scaled(t, f) for t, f in zip(r, c.to(device).unbind())]
+        lr, wd = group["lr"], group["weight_decay"]
+        if wd != 0 and group["decoupled_weight_decay"]:  # r - k·p_a = (d - lr·λ·p_a) / c, k = lr·λ / c
+            if isinstance(c, Tensor):
+                torch._foreach_addcmul_(r, params, list((-(lr * wd) / c).unbind()))
+            elif len(set(c)) == 1:
+                torch._foreach_add_(r, params, alpha=-(lr * wd) / c[0])
+            else:
+                for t, p, ci in zip(r, params, c):
+                    t.add_(p, alpha=-(lr * wd) / ci)
+            c = c / (1 - lr * wd) if isinstance(c, Tensor) else [ci / (1 - lr * wd) for ci in c]
+        return [Scaled(t, f) for t, f in zip(r, c.unbind() if isinstance(c, Tensor) else c)]
+
+
+def _coefficients(group: dict[str, Any], states: list[dict[str, Any]],
+                  device: torch.device) -> tuple[list[float] | list[Tensor], list[float] | Tensor]:
+    """Per parameter, eps·b and c = -(lr / bc1)·b (b = sqrt(bc2)): Python floats where torch's step
+    reads its CPU step counters as Python numbers (plain float hyperparameters, neither
+    ``capturable`` nor ``differentiable``), read here with one ``tolist`` of their stack (host
+    memory, no device sync); else float64 (or, like torch's tensor steps, float32) tensors on
+    ``device``."""
+    lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+    step = torch.stack([s["step"] for s in states])
+    tensor_math = group["capturable"] or group["differentiable"]
+    if not (tensor_math or step.device.type != "cpu" or any(isinstance(x, Tensor) for x in (lr, beta1, beta2))):
+        b = [(1 - beta2**t) ** 0.5 for t in step.tolist()]
+        return [eps * x for x in b], [-(lr / (1 - beta1**t)) * x for t, x in zip(step.tolist(), b)]
+    if not tensor_math:
+        step = step.double()  # torch's step.item() in Python doubles, without a host read
+    b = (1 - beta2**step).sqrt()
+    return list((eps * b).to(device).unbind()), (-(lr / (1 - beta1**step)) * b).to(device)
