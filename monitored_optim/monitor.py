@@ -43,6 +43,7 @@ class _Entry:
     p: Tensor
     snapshot: Any
     slots: dict[str, int] = field(default_factory=dict)
+    centred: dict[str, bool] = field(default_factory=dict)
     pieces: dict[str, Tensor] = field(default_factory=dict)
     clone: Tensor | None = None
 
@@ -191,7 +192,7 @@ class Monitor:
             hosted = [({key: next(values) for key in e.pieces}, stats.count(e.p)) for e in entries]
         else:  # whole-parameter values and counts: one all_reduce, one host copy
             hosted = sharding.reduce(entries)
-        table = _moment_table(hosted)
+        table = _moment_table(entries, hosted)
         figures = self._parameter_figures(entries, hosted, table)
         sq_norms = table.sq_norm.sum(0).tolist()
         figures.update({f"global/{kind}_norm": math.sqrt(v) for kind, v in zip(("param", "grad", "update"), sq_norms)})
@@ -340,8 +341,9 @@ def _prepare_update(e: _Entry, u: Tensor | Scaled | None, state: dict[str, Any],
 def _record(batch: stats.Batch, entries: list[_Entry], kind: str, xs: list[Tensor], centre: list[bool],
             scale: stats.Scale = None, scratch: bool | list[bool] = False) -> None:
     """Add the sums of ``xs`` (one per entry) to ``batch`` and note each entry's slot under ``kind``."""
-    for e, slot in zip(entries, batch.add(xs, centre, scale, scratch)):
+    for e, slot, flag in zip(entries, batch.add(xs, centre, scale, scratch), centre):
         e.slots[kind] = slot
+        e.centred[kind] = flag
 
 
 def _record_grads(batch: stats.Batch, entries: list[_Entry], grad_scale: Tensor | None,
@@ -395,14 +397,16 @@ def _tags(name: str) -> tuple[str, ...]:
             f"grad_norm/{name}", f"grad_to_data/{name}")
 
 
-def _moment_table(hosted: list[tuple[dict[str, list[float]], float]]) -> stats.MomentTable:
+def _moment_table(entries: list[_Entry], hosted: list[tuple[dict[str, list[float]], float]]) -> stats.MomentTable:
     """The host values of a logging step as one table; a missing grad or update counts as zeros
     (no update: the parameter did not move)."""
     zero = (0.0, 0.0)
     rows = [[got.get(kind, zero) for kind in _KINDS] for got, _ in hosted]
     pairs = torch.tensor(rows, dtype=torch.float64).reshape(len(hosted), len(_KINDS), 2)
     n = torch.tensor([float(n) for _, n in hosted], dtype=torch.float64).reshape(-1, 1)
-    return stats.MomentTable(n, pairs[..., 0], pairs[..., 1])
+    uncentred = torch.tensor([[not e.centred.get(kind, True) for kind in _KINDS] for e in entries],
+                             dtype=torch.bool).reshape(len(entries), len(_KINDS))
+    return stats.MomentTable(n, pairs[..., 0], pairs[..., 1], uncentred)
 
 
 def _health_records(entries: list[_Entry], hosted: list[tuple[dict[str, list[float]], float]],

@@ -187,3 +187,127 @@ def test_name_clashes_with_monitor_are_explained():
 
     with pytest.raises(AttributeError, match="sets its own 'monitor' attribute"):
         Monitored(SetsMonitor)(nn.Linear(2, 2).named_parameters())
+
+
+def logged_and_truth(cls, kwargs, make_params, set_grads, steps=3):
+    """Plain and monitored side by side: (logged figures, clone truth) per step of the monitored
+    run, after checking that both trajectories are bitwise equal."""
+    runs = []
+    for build in (cls, Monitored(cls)):
+        named = make_params()
+        opt = build(named, **kwargs, **({"monitor": QUIET} if build is not cls else {}))
+        seen = []
+        for i in range(steps):
+            set_grads(named, i)
+            before, grads = truth.snapshot(named)
+            opt.step()
+            seen.append((dict(getattr(opt, "monitor", None).latest) if build is not cls else None,
+                         truth.figures(named, before, grads)))
+        runs.append((named, seen))
+    (plain_named, _), (named, seen) = runs
+    for (_, a), (_, b) in zip(plain_named, named):
+        assert torch.equal(a, b)
+    return seen
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(foreach=False), dict(fused=True), dict(lr=torch.tensor(0.0))],
+                         ids=["foreach", "single", "fused", "tensor-lr"])
+def test_adamw_at_lr_zero_logs_a_zero_update(kwargs):
+    """The first step of a linear warmup: lr = 0 with weight decay leaves p unchanged; the batched
+    rebuild must not divide by its zero step size."""
+    def params():
+        torch.manual_seed(0)
+        return [("w", nn.Parameter(torch.randn(4, 3))), ("b", nn.Parameter(torch.randn(3)))]
+
+    def grads(named, i):
+        for _, p in named:
+            p.grad = torch.randn_like(p)
+
+    for logged, expected in logged_and_truth(torch.optim.AdamW, {"lr": 0.0, "weight_decay": 0.1, **kwargs},
+                                             params, grads, steps=2):
+        truth.assert_figures_match(logged, expected)
+        assert logged["update_norm/w"] == 0.0 and logged["health/nonfinite"] == 0
+
+
+def _assert_true_or_absent(logged, expected):
+    """Every ratio logged equals the truth; one may be missing (not wrong) on the step where its
+    tensor first becomes mean-dominated; norms and health always match."""
+    for tag, want in expected.items():
+        if "_to_data/" in tag and tag not in logged:
+            continue
+        assert tag in logged, tag
+        if "_to_data/" in tag:
+            assert abs(logged[tag] - want) <= 2e-3, (tag, logged[tag], want)
+        elif not tag.startswith("health/"):
+            assert logged[tag] == pytest.approx(want, rel=1e-4), tag
+    assert not set(logged) - set(expected) - {t for t in logged if t.startswith("lr/")}
+
+
+@pytest.mark.parametrize("cls,kwargs", [(torch.optim.SGD, dict(lr=0.1)), (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
+                                        (torch.optim.Adam, dict(lr=1e-2)), (torch.optim.AdamW, dict(lr=1e-2))])
+@pytest.mark.parametrize("noise", [1e-4, 3e-3])
+def test_a_tensor_that_becomes_mean_dominated_never_logs_a_wrong_ratio(cls, kwargs, noise):
+    """A grad that is randn at step 1 and 1 + noise * randn after: the uncentred sums chosen from
+    step 1 cannot give its spread at step 2, so that ratio is left out rather than wrong; from step 3
+    it is centred and logged. A zero-initialised bias with one-sign grads: zero spread at step 1,
+    centred from step 2."""
+    def params():
+        torch.manual_seed(0)
+        return [("w", nn.Parameter(torch.randn(64, 64))), ("b", nn.Parameter(torch.zeros(64)))]
+
+    def grads(named, i):
+        (_, w), (_, b) = named
+        w.grad = torch.randn_like(w) if i == 0 else 1 + noise * torch.randn_like(w)
+        b.grad = 1 + 0.01 * torch.rand_like(b)
+
+    seen = logged_and_truth(cls, kwargs, params, grads, steps=4)
+    for logged, expected in seen:
+        _assert_true_or_absent(logged, expected)
+    for logged, expected in seen[2:]:
+        assert "grad_to_data/w" in logged and "update_to_data/b" in logged
+
+
+def test_norms_of_a_large_float32_parameter_are_accurate():
+    """torch's float32 vector norm on a CPU accumulates in float32: -7.5e-4 relative on 2^24
+    elements. The figures take it per row of 4096 and combine the rows in float64."""
+    def params():
+        torch.manual_seed(0)
+        return [("w", nn.Parameter(0.02 * torch.randn(1 << 24)))]
+
+    def grads(named, i):
+        (_, w), = named
+        w.grad = torch.randn_like(w)
+
+    for logged, expected in logged_and_truth(torch.optim.Adam, dict(lr=1e-3), params, grads, steps=1):
+        truth.assert_figures_match(logged, expected, norm_rtol=1e-5)
+
+
+def test_a_one_element_step_tensor_next_to_scalar_ones():
+    """A hand-converted checkpoint whose ``state['step']`` has shape (1,) for one parameter."""
+    torch.manual_seed(0)
+    named = [("a", nn.Parameter(torch.randn(3))), ("b", nn.Parameter(torch.randn(3)))]
+    opt = Monitored(torch.optim.Adam)(named, lr=1e-2, monitor=QUIET)
+    for i in range(3):
+        for _, p in named:
+            p.grad = torch.randn_like(p)
+        before, grads = truth.snapshot(named)
+        opt.step()
+        truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+        opt.state[named[0][1]]["step"] = opt.state[named[0][1]]["step"].reshape(1)
+
+
+@pytest.mark.parametrize("cls,kwargs,dtype", [
+    (torch.optim.SGD, dict(lr=torch.tensor([0.1]), weight_decay=0.1), torch.float32),
+    (torch.optim.Adam, dict(lr=torch.tensor([1e-2]), foreach=False), torch.bfloat16),
+    (torch.optim.AdamW, dict(lr=torch.tensor([1e-2]), foreach=False), torch.float32),
+], ids=["sgd", "adam-bf16", "adamw"])
+def test_zero_dim_parameter_with_a_one_element_tensor_lr(cls, kwargs, dtype):
+    """A 0-dim parameter (CLIP's logit_scale) under a Tensor lr of shape (1,)."""
+    def params():
+        return [("logit_scale", nn.Parameter(torch.tensor(2.6, dtype=dtype)))]
+
+    def grads(named, i):
+        named[0][1].grad = torch.tensor(0.3 + 0.1 * i, dtype=dtype)
+
+    for logged, expected in logged_and_truth(cls, kwargs, params, grads, steps=2):
+        assert logged["update_norm/logit_scale"] == pytest.approx(expected["update_norm/logit_scale"], rel=1e-2)

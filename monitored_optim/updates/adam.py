@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._shared import decay_solvable
+from ._shared import decay_solvable, to_scalar
 from .clone import Cloned, Scaled
 
 _BATCHED = (torch.float32, torch.float64)
@@ -49,7 +49,7 @@ class AdamView:
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:
         if p.grad is None or "exp_avg" not in state:
             return None
-        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        lr, (beta1, beta2), eps = to_scalar(group["lr"]), group["betas"], group["eps"]
         step = state["step"]
         if not (group["capturable"] or group["differentiable"]) and isinstance(step, Tensor):
             step = step.double()  # torch uses step.item() in Python doubles; same values, no host read
@@ -107,13 +107,15 @@ class AdamView:
         torch._foreach_mul_(r, [s["exp_avg"] for s in states])
         lr, wd = group["lr"], group["weight_decay"]
         if wd != 0 and group["decoupled_weight_decay"]:  # r - k·p_a = (d - lr·λ·p_a) / c, k = lr·λ / c
-            if isinstance(c, Tensor):
-                torch._foreach_addcmul_(r, params, list((-(lr * wd) / c).unbind()))
-            elif len(set(c)) == 1:
+            if isinstance(c, Tensor):  # c = 0 only where lr = 0: then u = 0 = c·r, whatever k
+                k = torch.where(c != 0, (lr * wd) / c.where(c != 0, 1.0), 0.0)
+                torch._foreach_addcmul_(r, params, list((-k).unbind()))
+            elif len(set(c)) == 1 and c[0] != 0:
                 torch._foreach_add_(r, params, alpha=-(lr * wd) / c[0])
             else:
                 for t, p, ci in zip(r, params, c):
-                    t.add_(p, alpha=-(lr * wd) / ci)
+                    if ci != 0:
+                        t.add_(p, alpha=-(lr * wd) / ci)
             c = c / (1 - lr * wd) if isinstance(c, Tensor) else [ci / (1 - lr * wd) for ci in c]
         return [Scaled(t, f) for t, f in zip(r, c.unbind() if isinstance(c, Tensor) else c)]
 
@@ -126,7 +128,7 @@ def _coefficients(group: dict[str, Any], states: list[dict[str, Any]],
     memory, no device sync); else float64 (or, like torch's tensor steps, float32) tensors on
     ``device``."""
     lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
-    step = torch.stack([s["step"] for s in states])
+    step = torch.stack([s["step"] if s["step"].dim() == 0 else s["step"].reshape(()) for s in states])
     tensor_math = group["capturable"] or group["differentiable"]
     if not (tensor_math or step.device.type != "cpu" or any(isinstance(x, Tensor) for x in (lr, beta1, beta2))):
         b = [(1 - beta2**t) ** 0.5 for t in step.tolist()]

@@ -26,7 +26,7 @@ from typing import Any
 
 from torch import Tensor
 
-from ._shared import decay_solvable, ran_foreach
+from ._shared import decay_solvable, ran_foreach, to_scalar
 from .clone import Cloned, Scaled
 
 
@@ -47,7 +47,7 @@ class SgdView:
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | Scaled | None:
         if p.grad is None:
             return None
-        lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
+        lr, momentum, wd = to_scalar(group["lr"]), group["momentum"], group["weight_decay"]
         if momentum != 0 and not group["nesterov"]:
             return Scaled(state["momentum_buffer"], -lr)
         if group["nesterov"] and _is_zero(wd) and not group["maximize"] and ran_foreach(group):
