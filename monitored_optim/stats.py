@@ -117,7 +117,7 @@ class Batch:
 
         Args:
             xs: floating or complex tensors of any shapes and devices (see :func:`moments`).
-            centre: per tensor, whether to take the centred pass (:func:`needs_centring`).
+            centre: per tensor, whether to take the centred pass (:attr:`MomentTable.needs_centring`).
             scale: see :data:`Scale`; sums are linear, so the factor is applied when finishing.
             scratch: per tensor (or for all), whether it is a temporary that a centred pass may
                 overwrite.
@@ -196,7 +196,7 @@ def _pick(factors: Tensor, idx: list[int], k: int) -> Tensor:
 def _real_dtype(x: Tensor) -> torch.dtype:
     """The dtype :func:`_dense_real` gives ``x``."""
     if x.is_complex():
-        return x.real.dtype
+        return x.dtype.to_real()
     return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
 
 
