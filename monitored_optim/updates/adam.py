@@ -15,8 +15,10 @@ Rebuild after the step from the stored m, v (or v̂) and t, without p_b:
 
 Several parameters at once (``update_many``, float32/float64 ones): with b = sqrt(bc2),
 d = c·r where c = -(lr / bc1)·b and r = m / (sqrt(v̂) + eps·b), the same quotient rearranged (a few
-ulp apart); the coefficients of all parameters come from one vector of steps, r from
-``torch._foreach_*`` ops, and u = (c / s)·(r - (lr·λ / c)·p_a) is returned as ``Scaled(r', c / s)``.
+ulp apart). The coefficients of all parameters come from one stack of their steps (read as Python
+floats, as torch's single-tensor step reads them, where the steps live on the CPU and the
+hyperparameters are numbers; as tensors otherwise), r from ``torch._foreach_*`` ops, and
+u = (c / s)·(r - (lr·λ / c)·p_a) is returned as ``Scaled(r', c / s)`` (u = 0 where lr = 0, c = 0).
 
 Hyperparameters are read raw from the parameter's own group: a Tensor lr or beta, or the
 ``capturable``/``differentiable`` tensor step, makes the bias corrections float32 tensor arithmetic
