@@ -193,10 +193,11 @@ class Monitor:
         else:  # whole-parameter values and counts: one all_reduce, one host copy
             hosted = sharding.reduce(entries)
         table = _moment_table(entries, hosted)
-        figures = self._parameter_figures(entries, hosted, table)
+        norm = table.norm
+        figures = self._parameter_figures(entries, hosted, table, norm)
         sq_norms = table.sq_norm.sum(0).tolist()
         figures.update({f"global/{kind}_norm": math.sqrt(v) for kind, v in zip(("param", "grad", "update"), sq_norms)})
-        p_norms = table.norm[:, 0].tolist()
+        p_norms = norm[:, 0].tolist()
         errors = [_verify_error(e, p_norms[i], *got["verify"], told=self._verify_told)
                   for i, (e, (got, _)) in enumerate(zip(entries, hosted)) if "verify" in got]
         records = _health_records(entries, hosted, table)
@@ -210,10 +211,9 @@ class Monitor:
         return {tag: value for tag, value in figures.items() if math.isfinite(value)}
 
     def _parameter_figures(self, entries: list[_Entry], hosted: list[tuple[dict[str, list[float]], float]],
-                           table: stats.MomentTable) -> dict[str, float]:
-        """Per-parameter figures from the table (undefined ratios come out NaN and are dropped
-        later), and each moment's centring decision for the next logging step."""
-        norm = table.norm
+                           table: stats.MomentTable, norm: Tensor) -> dict[str, float]:
+        """Per-parameter figures from the table and its ``norm`` (undefined ratios come out NaN and
+        are dropped later), and each moment's centring decision for the next logging step."""
         columns = torch.stack([norm[:, 0], norm[:, 2], table.log10_ratio(2, 0),
                                norm[:, 1], table.log10_ratio(1, 0)], 1).tolist()
         centre = table.needs_centring.tolist()

@@ -127,7 +127,7 @@ class Batch:
         """
         first = len(self._counts)
         self._counts += [count(x) for x in xs]
-        factors = _factor_vector(scale, len(xs), xs)
+        factors = _factor_vector(scale, xs)
         scratch = [scratch] * len(xs) if isinstance(scratch, bool) else list(scratch)
         groups: dict[tuple[torch.device, torch.dtype | None], list[int]] = {}
         for i, x in enumerate(xs):
@@ -172,8 +172,8 @@ def _norms(dense: list[Tensor]) -> Tensor:
     return torch.stack([_norm(d) if j in large else next(small) for j, d in enumerate(dense)])
 
 
-def _factor_vector(scale: Scale, k: int, xs: Sequence[Tensor]) -> Tensor | None:
-    """``scale`` as a float64 vector (length k, or one element meaning all), or None for ones."""
+def _factor_vector(scale: Scale, xs: Sequence[Tensor]) -> Tensor | None:
+    """``scale`` as a float64 vector (one entry per tensor of ``xs``, or one for all), or None for ones."""
     if scale is None:
         return None
     if isinstance(scale, Tensor):
@@ -254,8 +254,12 @@ class MomentTable:
         std = torch.where(self.n > 1, (self.m2.clamp(min=0) / (self.n - 1)).sqrt(), math.nan)
         if self.uncentred is None:
             return std
-        var = self.m2 / self.n.clamp(min=1)
-        return torch.where(self.uncentred & (self.mean.square() > RELIABLE_BELOW * var), math.nan, std)
+        return torch.where(self.uncentred & (self.mean.square() > RELIABLE_BELOW * self.var), math.nan, std)
+
+    @property
+    def var(self) -> Tensor:
+        """Population variances ``m2 / n``, shape ``(N, K)`` (0 for an empty tensor)."""
+        return self.m2 / self.n.clamp(min=1)
 
     @property
     def norm(self) -> Tensor:
@@ -284,7 +288,7 @@ class MomentTable:
         """Bool ``(N, K)``: take the centred pass next time (``mean^2 > CENTRE_ABOVE * var``, see
         :func:`_centred`); True for undefined or non-finite moments and for zero spread (a
         zero-initialised bias may move as one)."""
-        var = torch.where(self.n > 0, self.m2 / self.n.clamp(min=1), 0.0)
+        var = self.var
         defined = self.mean.isfinite() & var.isfinite()
         return ~defined | (var <= 0) | (self.mean.square() > CENTRE_ABOVE * var)
 

@@ -92,7 +92,7 @@ class AdamView:
             else:
                 out[i] = self.update(group, p, state, snapshots[i])
         steps = [states[i]["step"] for i in live]
-        if len({s.device for s in steps}) > 1 or not all(isinstance(s, Tensor) for s in steps):
+        if not all(isinstance(s, Tensor) for s in steps) or len({s.device for s in steps}) > 1:
             for i in live:
                 out[i] = self.update(group, params[i], states[i], snapshots[i])
             return out
@@ -109,15 +109,9 @@ class AdamView:
         torch._foreach_mul_(r, [s["exp_avg"] for s in states])
         lr, wd = group["lr"], group["weight_decay"]
         if wd != 0 and group["decoupled_weight_decay"]:  # r - k·p_a = (d - lr·λ·p_a) / c, k = lr·λ / c
-            if isinstance(c, Tensor):  # c = 0 only where lr = 0: then u = 0 = c·r, whatever k
-                k = torch.where(c != 0, (lr * wd) / c.where(c != 0, 1.0), 0.0)
-                torch._foreach_addcmul_(r, params, list((-k).unbind()))
-            elif len(set(c)) == 1 and c[0] != 0:
-                torch._foreach_add_(r, params, alpha=-(lr * wd) / c[0])
-            else:
-                for t, p, ci in zip(r, params, c):
-                    if ci != 0:
-                        t.add_(p, alpha=-(lr * wd) / ci)
+            cs = c if isinstance(c, Tensor) else torch.tensor(c, dtype=torch.float64, device=params[0].device)
+            k = torch.where(cs != 0, (lr * wd) / cs.where(cs != 0, 1.0), 0.0)  # c = 0 only at lr = 0: u = 0
+            torch._foreach_addcmul_(r, params, list((-k).unbind()))
             c = c / (1 - lr * wd) if isinstance(c, Tensor) else [ci / (1 - lr * wd) for ci in c]
         return [Scaled(t, f) for t, f in zip(r, c.unbind() if isinstance(c, Tensor) else c)]
 
