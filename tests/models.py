@@ -20,6 +20,15 @@ class Problem:
     def __post_init__(self):
         self.named = [(n, p) for g in self.specs for n, p in g["params"]]
 
+    def closure(self, opt: torch.optim.Optimizer, i: int) -> Callable[[], torch.Tensor]:
+        """The usual closure for batch ``i``: zero the grads, compute the loss, backward, return it."""
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = self.loss(i)
+            loss.backward()
+            return loss
+        return closure
+
     @property
     def groups(self) -> list[dict[str, Any]]:
         """Fresh copies of the named param groups (torch rewrites the dicts it is given)."""

@@ -199,11 +199,7 @@ def train(cls, kwargs, factory, dtype, monitor=None, check=None, steps=STEPS):
                                                   for k, v in kwargs.items()}, **extra)
     closure_based = issubclass(cls, O.LBFGS)
     for i in range(steps):
-        def closure(i=i):
-            opt.zero_grad()
-            loss = problem.loss(i)
-            loss.backward()
-            return loss
+        closure = problem.closure(opt, i)
         closure()
         before, grads = truth.snapshot(problem.named)
         if closure_based:

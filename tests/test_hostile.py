@@ -17,23 +17,25 @@ from monitored_optim import Monitored, MonitorConfig
 QUIET = MonitorConfig(backend="none")
 
 
-def step_both(cls, kwargs, make_params, set_grads, steps=2):
-    """Run the plain and the monitored optimizer side by side; return monitored opt, figures per step."""
+def logged_and_truth(cls, kwargs, make_params, set_grads, steps=3):
+    """Plain and monitored side by side: (logged figures, clone truth) per step of the monitored
+    run, after checking that both trajectories are bitwise equal."""
     runs = []
     for build in (cls, Monitored(cls)):
         named = make_params()
         opt = build(named, **kwargs, **({"monitor": QUIET} if build is not cls else {}))
-        expected = []
+        seen = []
         for i in range(steps):
             set_grads(named, i)
             before, grads = truth.snapshot(named)
             opt.step()
-            expected.append(truth.figures(named, before, grads))
-        runs.append((named, opt, expected))
-    (plain_named, _, _), (named, opt, expected) = runs
+            seen.append((dict(opt.monitor.latest) if build is not cls else None,
+                         truth.figures(named, before, grads)))
+        runs.append((named, seen))
+    (plain_named, _), (named, seen) = runs
     for (_, a), (_, b) in zip(plain_named, named):
         assert torch.equal(a, b)
-    return opt, expected
+    return seen
 
 
 def test_sparse_grads_with_sgd_momentum():
@@ -45,8 +47,8 @@ def test_sparse_grads_with_sgd_momentum():
         (_, w), = named
         w.grad = torch.sparse_coo_tensor(torch.tensor([[1, 2, 2 + i]]), torch.ones(3, 4), (50, 4))
 
-    opt, expected = step_both(torch.optim.SGD, dict(lr=0.1, momentum=0.9), params, grads)
-    truth.assert_figures_match(opt.monitor.latest, expected[-1])
+    logged, expected = logged_and_truth(torch.optim.SGD, dict(lr=0.1, momentum=0.9), params, grads, steps=2)[-1]
+    truth.assert_figures_match(logged, expected)
 
 
 def test_empty_parameter_does_not_poison_the_figures():
@@ -60,8 +62,7 @@ def test_empty_parameter_does_not_poison_the_figures():
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        opt, _ = step_both(torch.optim.SGD, dict(lr=0.1), params, grads)
-    latest = opt.monitor.latest
+        latest, _ = logged_and_truth(torch.optim.SGD, dict(lr=0.1), params, grads, steps=2)[-1]
     assert latest["health/nonfinite"] == 0 and "global/update_norm" in latest
     assert latest["update_norm/e"] == 0.0 and "update_to_data/e" not in latest
 
@@ -77,8 +78,8 @@ def test_weight_decay_with_lr_times_wd_near_one(cls, wd):
         torch.manual_seed(10 + i)
         named[0][1].grad = torch.randn(6, 5)
 
-    opt, expected = step_both(cls, dict(lr=0.1, weight_decay=wd), params, grads)
-    truth.assert_figures_match(opt.monitor.latest, expected[-1])
+    logged, expected = logged_and_truth(cls, dict(lr=0.1, weight_decay=wd), params, grads, steps=2)[-1]
+    truth.assert_figures_match(logged, expected)
 
 
 def test_group_without_numeric_lr_and_integer_parameters():
@@ -137,10 +138,10 @@ def test_bf16_under_decoupled_weight_decay_reports_the_effective_update():
         torch.manual_seed(i)
         named[0][1].grad = torch.randn(256, 64).to(torch.bfloat16)
 
-    opt, expected = step_both(torch.optim.AdamW, dict(lr=1e-3, weight_decay=0.1), params, grads)
-    latest = opt.monitor.latest
-    assert latest["update_to_data/w"] == pytest.approx(expected[-1]["update_to_data/w"], abs=0.01)
-    assert latest["update_norm/w"] == pytest.approx(expected[-1]["update_norm/w"], rel=1e-3)
+    latest, expected = logged_and_truth(torch.optim.AdamW, dict(lr=1e-3, weight_decay=0.1), params, grads,
+                                        steps=2)[-1]
+    assert latest["update_to_data/w"] == pytest.approx(expected["update_to_data/w"], abs=0.01)
+    assert latest["update_norm/w"] == pytest.approx(expected["update_norm/w"], rel=1e-3)
 
 
 def test_duplicate_names_across_groups_stay_apart():
@@ -187,27 +188,6 @@ def test_name_clashes_with_monitor_are_explained():
 
     with pytest.raises(AttributeError, match="sets its own 'monitor' attribute"):
         Monitored(SetsMonitor)(nn.Linear(2, 2).named_parameters())
-
-
-def logged_and_truth(cls, kwargs, make_params, set_grads, steps=3):
-    """Plain and monitored side by side: (logged figures, clone truth) per step of the monitored
-    run, after checking that both trajectories are bitwise equal."""
-    runs = []
-    for build in (cls, Monitored(cls)):
-        named = make_params()
-        opt = build(named, **kwargs, **({"monitor": QUIET} if build is not cls else {}))
-        seen = []
-        for i in range(steps):
-            set_grads(named, i)
-            before, grads = truth.snapshot(named)
-            opt.step()
-            seen.append((dict(getattr(opt, "monitor", None).latest) if build is not cls else None,
-                         truth.figures(named, before, grads)))
-        runs.append((named, seen))
-    (plain_named, _), (named, seen) = runs
-    for (_, a), (_, b) in zip(plain_named, named):
-        assert torch.equal(a, b)
-    return seen
 
 
 @pytest.mark.parametrize("kwargs", [dict(), dict(foreach=False), dict(fused=True), dict(lr=torch.tensor(0.0))],

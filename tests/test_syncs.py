@@ -75,11 +75,7 @@ def ops_per_step(cls, kwargs, monitor, steps=4):
     opt = cls(problem.groups, **kwargs, **({"monitor": monitor} if monitor else {}))
     logs = []
     for i in range(steps):
-        def closure(i=i):
-            opt.zero_grad()
-            loss = problem.loss(i)
-            loss.backward()
-            return loss
+        closure = problem.closure(opt, i)
         closure()
         with OpLog() as log:
             opt.step(closure) if lbfgs else opt.step()
