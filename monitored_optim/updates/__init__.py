@@ -70,7 +70,15 @@ _REGISTRY: dict[type[torch.optim.Optimizer], View] = {
 def rebuild(view: View, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]],
             snapshots: list[Any]) -> list[Tensor | Scaled | None]:
     """``view.update`` of each parameter of ``params`` (all of ``group``, one device), through the
-    view's ``update_many`` where it has one."""
+    view's ``update_many`` where it has one.
+
+    Returns:
+        One entry per parameter, in order: u as a tensor of the parameter's shape (float32 for
+        bf16/fp16), a :class:`Scaled` tensor, or ``None`` where the step left it unchanged.
+
+    Raises:
+        Whatever the view raises; the built-in views raise nothing for states torch itself accepts.
+    """
     many = getattr(view, "update_many", None)
     if many is not None:
         return many(group, params, states, snapshots)
