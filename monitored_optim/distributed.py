@@ -74,7 +74,7 @@ from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import stats
-from .updates import Cloned
+from .updates import Cloned, elementwise
 
 _COLUMNS = 4
 """Table columns (see :meth:`Sharding._table`)."""
@@ -185,9 +185,9 @@ class Sharding:
         Args:
             entries: the monitor's entries (``.p`` a local piece, ``.snapshot``, ``.clone``) after
                 the views' ``before``; their ``snapshot`` is replaced in place.
-            view: the monitor's view; its class name is looked up in :data:`ELEMENTWISE_VIEWS`.
+            view: the monitor's view; see :func:`~monitored_optim.updates.elementwise`.
         """
-        if type(view).__name__ in ELEMENTWISE_VIEWS:
+        if elementwise(view):
             return
         for e in entries:
             if id(e.p) in self._split and not isinstance(e.snapshot, Cloned):
@@ -377,12 +377,6 @@ class _LocalState:
         return isinstance(piece, Tensor) and self.get(piece) is not None
 
 
-ELEMENTWISE_VIEWS = frozenset({"SgdView", "AdamView", "AdamaxView", "AdagradView", "AdadeltaView", "RMSpropView",
-                               "RpropView", "AsgdView", "NAdamView", "RAdamView", "SparseAdamView", "CloneView"})
-"""Views (by class name) whose rebuilt u is element-wise in (p, grad, state): exact on any piece of
-a parameter. Any other view (Muon, Adafactor, one added later) gets a clone for split parameters."""
-
-
 def _is_split(p: Tensor, zero: Any) -> bool:
     """Whether this rank holds only part of ``p`` (a sharded DTensor or an FSDP1 shard)."""
     if zero is not None:
@@ -522,4 +516,4 @@ def _default_device() -> torch.device:
     return torch.device("cpu")
 
 
-__all__ = ["ELEMENTWISE_VIEWS", "Sharding", "initialized", "is_writer", "sharding"]
+__all__ = ["Sharding", "initialized", "is_writer", "sharding"]

@@ -109,10 +109,12 @@ class Batch:
 
     def __init__(self) -> None:
         self._counts: list[int] = []
+        self._owner: list[int] = []
+        self._slots = 0
         self._parts: dict[tuple[torch.device, int], list[tuple[list[int], Tensor, Tensor | None]]] = {}
 
     def add(self, xs: Sequence[Tensor], centre: Sequence[bool], scale: Scale = None,
-            scratch: bool | Sequence[bool] = False) -> list[int]:
+            scratch: bool | Sequence[bool] = False, into: Sequence[int | None] | None = None) -> list[int]:
         """Reduce ``scale * x`` for each x of ``xs`` to raw sums now; return their slots in :meth:`finish`.
 
         Args:
@@ -121,12 +123,17 @@ class Batch:
             scale: see :data:`Scale`; sums are linear, so the factor is applied when finishing.
             scratch: per tensor (or for all), whether it is a temporary that a centred pass may
                 overwrite.
+            into: per tensor, a slot returned earlier that this tensor is another disjoint part of
+                (its moments are merged into that slot's), or None for a new slot.
 
         Returns:
             One slot index per tensor, in order.
         """
         first = len(self._counts)
         self._counts += [count(x) for x in xs]
+        for target in (into if into is not None else [None] * len(xs)):
+            self._owner.append(self._slots if target is None else target)
+            self._slots += target is None
         factors = _factor_vector(scale, xs)
         scratch = [scratch] * len(xs) if isinstance(scratch, bool) else list(scratch)
         groups: dict[tuple[torch.device, torch.dtype | None], list[int]] = {}
@@ -140,14 +147,38 @@ class Batch:
                 table = torch.stack([torch.stack([d.sum() for d in dense]), _norms(dense)], 1)
             f = None if factors is None else _pick(factors, idx, len(xs)).to(device)
             self._parts.setdefault((device, table.shape[1]), []).append(([first + i for i in idx], table, f))
-        return list(range(first, first + len(xs)))
+        return self._owner[first:]
 
     def finish(self) -> list[Tensor]:
-        """``(mean, m2)`` of every slot added so far, float64 tensors of shape ``(2,)`` on their devices.
+        """``(mean, m2)`` of every slot added so far, float64 tensors of shape ``(2,)`` on their devices
+        (None for a :meth:`slot` that got no rows).
 
         Centred ``(c, r, q)``: mean = c + r/n, m2 = q^2 - r^2/n. Uncentred ``(s, q)``: mean = s/n,
-        m2 = q^2 - s^2/n. Scaled by f: mean * f, m2 * f^2. Empty tensors give ``(0, 0)``.
+        m2 = q^2 - s^2/n. Scaled by f: mean * f, m2 * f^2. Empty tensors give ``(0, 0)``. Parts of
+        one slot (``into``) combine as mean = Σ n_i·mean_i / N, m2 = Σ m2_i + n_i·(mean_i - mean)^2
+        (Chan, Golub & LeVeque 1979; all terms >= 0).
         """
+        rows = self._rows()
+        out: list[Tensor | None] = []
+        for members in _members(self._owner, self._slots):
+            if len(members) < 2:
+                out.append(rows[members[0]] if members else None)
+                continue
+            part = torch.stack([rows[r] for r in members])
+            n = torch.tensor([float(self._counts[r]) for r in members], dtype=torch.float64, device=part.device)
+            total = n.sum().clamp(min=1)
+            mean = (n * part[:, 0]).sum() / total
+            out.append(torch.stack([mean, (part[:, 1] + n * (part[:, 0] - mean).square()).sum()]))
+        return out  # type: ignore[return-value]
+
+    def slot(self) -> int:
+        """A new slot with no rows yet, for :meth:`add`'s ``into`` (:meth:`finish` gives None for it
+        if nothing is added)."""
+        self._slots += 1
+        return self._slots - 1
+
+    def _rows(self) -> list[Tensor]:
+        """``(mean, m2)`` of every tensor added, one per :meth:`add` input, in order."""
         out: list[Tensor | None] = [None] * len(self._counts)
         for (device, width), parts in self._parts.items():
             slots = [s for part, _, _ in parts for s in part]
@@ -162,6 +193,14 @@ class Batch:
             for s, row in zip(slots, rows.unbind(0)):
                 out[s] = row
         return out  # type: ignore[return-value]
+
+
+def _members(owner: list[int], slots: int) -> list[list[int]]:
+    """Per slot, the rows it owns."""
+    out: list[list[int]] = [[] for _ in range(slots)]
+    for row, slot in enumerate(owner):
+        out[slot].append(row)
+    return out
 
 
 def _norms(dense: list[Tensor]) -> Tensor:

@@ -20,8 +20,13 @@ LAYERS, WIDTH = 24, 1024
 
 
 def deep_model():
+    """24 linear layers, orthogonal so that the signal (and every layer's gradient) keeps its size:
+    with torch's default init it shrinks 0.58x per layer and the deep layers' updates round away."""
     torch.manual_seed(0)
-    return nn.Sequential(*[nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(LAYERS)])
+    layers = [nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(LAYERS)]
+    for layer in layers:
+        nn.init.orthogonal_(layer.weight)
+    return nn.Sequential(*layers)
 
 
 def peak_of_step(cls, kwargs, monitor):

@@ -28,7 +28,7 @@ def figures(named: list[tuple[str, Tensor]], before: dict[str, Tensor],
     total = {"param": 0.0, "grad": 0.0, "update": 0.0}
     for name, p in named:
         p_b = before[name].double()
-        u = (p.detach() - before[name]).double()
+        u = p.detach().double() - before[name].double()
         out[f"param_norm/{name}"] = p_b.norm().item()
         out[f"update_norm/{name}"] = u.norm().item()
         _ratio(out, f"update_to_data/{name}", u, p_b)
@@ -36,13 +36,14 @@ def figures(named: list[tuple[str, Tensor]], before: dict[str, Tensor],
         total["update"] += u.norm().item() ** 2
         out["health/no_grad"] += grads[name] is None
         out["health/unchanged"] += grads[name] is not None and not u.any()
+        out["health/nonfinite"] += not all(t is None or bool(t.isfinite().all()) for t in (p_b, grads[name], u))
         if grads[name] is not None:
             g = grads[name].double()
             out[f"grad_norm/{name}"] = g.norm().item()
             _ratio(out, f"grad_to_data/{name}", g, p_b)
             total["grad"] += g.norm().item() ** 2
     out.update({f"global/{k}_norm": math.sqrt(v) for k, v in total.items()})
-    return out
+    return {tag: value for tag, value in out.items() if math.isfinite(value)}  # as the backends get them
 
 
 def _ratio(out: dict[str, float], tag: str, num: Tensor, den: Tensor) -> None:

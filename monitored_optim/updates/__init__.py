@@ -7,7 +7,9 @@ A view is two small functions of ``(group, p, state)`` with no hidden state:
   parameter returns :class:`~monitored_optim.updates.clone.Cloned` instead.
 * ``update(group, p, state, snapshot) -> Tensor | Scaled | None``: called after the step; the
   update u with ``p``'s shape (a temporary the caller drops after reducing it), a
-  :class:`~monitored_optim.updates.clone.Scaled` buffer when u is a multiple of one, or ``None``
+  :class:`~monitored_optim.updates.clone.Scaled` buffer when u is a multiple of one, a
+  :class:`~monitored_optim.updates.clone.Decayed` ``(d, s)`` when the step stores s·p first and
+  then adds d (decoupled weight decay), or ``None``
   when the step left ``p`` exactly unchanged (torch optimizers skip parameters whose grad is ``None``).
 * optionally ``update_many(group, params, states, snapshots) -> list``: ``update`` of several
   parameters of one group and device at once (``torch._foreach_*`` ops, one set of coefficient
@@ -30,7 +32,7 @@ from .adagrad import AdagradView
 from .adam import AdamView
 from .adamax import AdamaxView
 from .asgd import AsgdView
-from .clone import CLONE, Cloned, CloneView, Scaled
+from .clone import CLONE, Cloned, CloneView, Decayed, Scaled
 from .muon import MuonView
 from .nadam import NAdamView
 from .radam import RAdamView
@@ -129,4 +131,16 @@ def register(optimizer_cls: type[torch.optim.Optimizer], view: View) -> None:
     _REGISTRY.update({cls: _REGISTRY.pop(cls) for cls in list(_REGISTRY) if cls is not optimizer_cls})
 
 
-__all__ = ["CLONE", "Cloned", "CloneView", "Scaled", "View", "raw_step", "rebuild", "register", "view_for"]
+ELEMENTWISE = frozenset({"SgdView", "AdamView", "AdamaxView", "AdagradView", "AdadeltaView", "RMSpropView",
+                         "RpropView", "AsgdView", "NAdamView", "RAdamView", "SparseAdamView", "CloneView"})
+"""Views whose update of an element depends only on that element of p, its grad and its state (and
+on scalars): they may be handed a slice of a parameter (a shard, a part of a large one)."""
+
+
+def elementwise(view: View) -> bool:
+    """Whether ``view`` is one of the :data:`ELEMENTWISE` built-in views."""
+    return type(view).__name__ in ELEMENTWISE
+
+
+__all__ = ["CLONE", "Cloned", "CloneView", "Decayed", "ELEMENTWISE", "Scaled", "View", "elementwise", "raw_step",
+           "rebuild", "register", "view_for"]

@@ -38,6 +38,19 @@ class Scaled:
         return self.tensor * self.factor
 
 
+@dataclass(frozen=True)
+class Decayed:
+    """An update applied in two stores, as decoupled weight decay does: p ← fl(s·p), then
+    p ← fl(p + d) (s = 1 - lr·λ, a float or a 0-dim Tensor; d a tensor or :class:`Scaled`).
+
+    A view returns this instead of solving for p_before itself, so that the capture can invert
+    both roundings in turn (``monitored_optim/capture.py``).
+    """
+
+    d: Tensor | Scaled
+    s: float | Tensor
+
+
 class CloneView:
     """u = p_after - p_before from a clone taken on logging steps only. Used for optimizers without
     a state-aware view (LBFGS moves p several times per step, third-party optimizers, user

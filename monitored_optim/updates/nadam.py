@@ -12,7 +12,7 @@ decay ψ, bc2 = 1 - β2^t, s = 1 - lr·λ:
 Rebuild after the step from the stored m, v, t and Π (the stored Π is the one the step used):
 
 * no weight decay: u = (c1·ĝ + c2·m) / D;
-* decoupled: with d that figure, p_b = (p_a - d)/s, so u = (d - (1 - s)·p_a) / s (s constant);
+* decoupled: with d that figure, ``Decayed(d, s)``, inverted in turn by the capture;
 * L2: the explicit g' term holds p_b, so solve p_a = p_b + (c1(ĝ + λ·p_b) + c2·m)/D:
   u = (c1(ĝ + λ·p_a) + c2·m) / (D + c1·λ). Its condition number κ = D / (D + c1·λ) multiplies the
   rounding of p_a. ``before`` bounds κ from the pre-step state, D ≥ sqrt(β2·min(v_old) / bc2) + eps,
@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from ._shared import KAPPA_MAX, ran_foreach
-from .clone import Cloned
+from .clone import Cloned, Decayed
 
 
 class NAdamView:
@@ -64,10 +64,8 @@ class NAdamView:
             u = (g + wd * p_a).mul_(c1).add_(m * c2).div_(denom.add_(c1, alpha=wd))  # c1·λ in p's dtype
         else:
             u = (g * c1).add_(m * c2).div_(denom)
-            if wd != 0:
-                s = 1 - group["lr"] * wd
-                u.sub_(p_a * (1 - s)).div_(s)
-        return torch.view_as_complex(u) if torch.is_complex(p) else u
+        u = torch.view_as_complex(u) if torch.is_complex(p) else u
+        return Decayed(u, 1 - group["lr"] * wd) if wd != 0 and group["decoupled_weight_decay"] else u
 
 
 def _l2(group: dict[str, Any]) -> bool:

@@ -13,7 +13,7 @@ bc1 = 1 - β1^t, bc2 = 1 - β2^t, s = 1 - lr·λ:
 Rebuild after the step from the stored m, v and t (the branch is a function of t alone):
 
 * L2 or no weight decay: u = d (the decay lives inside m and v);
-* decoupled: p_b = (p_a - d)/s, so u = (d - (1 - s)·p_a) / s (s is a constant: well conditioned).
+* decoupled: ``Decayed(d, s)``, the stores p ← s·p, p ← p + d, inverted in turn by the capture.
 
 Scalar arithmetic mirrors the path torch took: the foreach path folds lr, r, bc1 and sqrt(bc2)
 into one coefficient (float32 tensor arithmetic under a Tensor lr), the single-tensor path
@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from ._shared import ran_foreach
-from .clone import Cloned
+from .clone import Cloned, Decayed
 
 
 class RAdamView:
@@ -47,9 +47,9 @@ class RAdamView:
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:
         if p.grad is None or "exp_avg" not in state:
             return None
-        m, v, p_a = state["exp_avg"], state["exp_avg_sq"], p.detach()
+        m, v = state["exp_avg"], state["exp_avg_sq"]
         if torch.is_complex(p):  # torch steps complex tensors as pairs of reals
-            m, v, p_a = (torch.view_as_real(x) for x in (m, v, p_a))
+            m, v = torch.view_as_real(m), torch.view_as_real(v)
         lr = group["lr"]
         if isinstance(lr, Tensor) and lr.dim() != 0:
             lr = lr.squeeze()
@@ -58,11 +58,9 @@ class RAdamView:
             u = (_capturable_foreach if foreach else _capturable_single)(group, lr, state["step"], m, v)
         else:
             u = (_foreach if foreach else _single)(group, lr, state["step"].item(), m, v)
+        u = torch.view_as_complex(u) if torch.is_complex(p) else u
         wd = group["weight_decay"]
-        if wd != 0 and group["decoupled_weight_decay"]:
-            s = 1 - lr * wd
-            u.sub_(p_a * (1 - s)).div_(s)
-        return torch.view_as_complex(u) if torch.is_complex(p) else u
+        return Decayed(u, 1 - lr * wd) if wd != 0 and group["decoupled_weight_decay"] else u
 
 
 def _rect(rho_t, rho_inf: float):
