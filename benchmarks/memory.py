@@ -52,3 +52,107 @@ class PeakMemory(TorchDispatchMode):
         if self._refs[key] == 0:
             del self._refs[key]
             self.live -= self._sizes.pop(key)
+
+
+GPT2 = dict(vocab=50257, width=768, blocks=12)
+
+
+def gpt2_shaped(dtype: torch.dtype = torch.float32) -> list[tuple[str, torch.nn.Parameter]]:
+    """The parameters of GPT-2 small, named as in Hugging Face's ``GPT2LMHeadModel`` (token and
+    position embeddings, 12 blocks of LayerNorms, fused qkv, projections and MLP, final LayerNorm;
+    the head is tied to the token embedding, so it is not a parameter of its own): 148 tensors,
+    124M elements, LayerNorm gains at 1.0 and biases at 0, weights N(0, 0.02)."""
+    torch.manual_seed(0)
+    d, out = GPT2["width"], []
+
+    def add(name, *shape, fill=None):
+        t = torch.full(shape, fill, dtype=dtype) if fill is not None else torch.empty(shape, dtype=dtype).normal_(0, 0.02)
+        out.append((name, torch.nn.Parameter(t)))
+
+    add("transformer.wte.weight", GPT2["vocab"], d)
+    add("transformer.wpe.weight", 1024, d)
+    for i in range(GPT2["blocks"]):
+        h = f"transformer.h.{i}."
+        add(h + "ln_1.weight", d, fill=1.0), add(h + "ln_1.bias", d, fill=0.0)
+        add(h + "attn.c_attn.weight", d, 3 * d), add(h + "attn.c_attn.bias", 3 * d, fill=0.0)
+        add(h + "attn.c_proj.weight", d, d), add(h + "attn.c_proj.bias", d, fill=0.0)
+        add(h + "ln_2.weight", d, fill=1.0), add(h + "ln_2.bias", d, fill=0.0)
+        add(h + "mlp.c_fc.weight", d, 4 * d), add(h + "mlp.c_fc.bias", 4 * d, fill=0.0)
+        add(h + "mlp.c_proj.weight", 4 * d, d), add(h + "mlp.c_proj.bias", d, fill=0.0)
+    add("transformer.ln_f.weight", d, fill=1.0), add("transformer.ln_f.bias", d, fill=0.0)
+    return out
+
+
+OPTIMIZERS = {
+    "adamw": (torch.optim.AdamW, dict(lr=6e-4, weight_decay=0.1)),
+    "sgd-momentum": (torch.optim.SGD, dict(lr=1e-2, momentum=0.9)),
+    "adafactor": (torch.optim.Adafactor, dict(lr=1e-2)),
+}
+
+
+def _steps(name: str, monitored: bool, steps: int = 3, track: bool = False) -> tuple[int, int]:
+    """Build the GPT-2-shaped parameters and run ``steps`` steps of optimizer ``name`` (every step
+    a logging step when ``monitored``), with random grads. Returns (peak bytes that the steps
+    allocated, tracked by :class:`PeakMemory` when ``track``, else 0; parameter bytes)."""
+    from monitored_optim import Monitored, MonitorConfig
+
+    named = gpt2_shaped()
+    cls, kwargs = OPTIMIZERS[name]
+    if monitored:
+        opt = Monitored(cls)(named, **kwargs, monitor=MonitorConfig(backend="none"))
+    else:
+        opt = cls([p for _, p in named], **kwargs)
+    gen = torch.Generator().manual_seed(1)
+    peak = 0
+    for _ in range(steps):
+        for _, p in named:  # in place after the first step: no transient second copy of the grads
+            p.grad = torch.empty_like(p) if p.grad is None else p.grad
+            p.grad.normal_(0, 1e-3, generator=gen)
+        if track:
+            with PeakMemory() as mem:
+                opt.step()
+            peak = max(peak, mem.peak)
+        else:
+            opt.step()
+    return peak, sum(p.numel() * p.element_size() for _, p in named)
+
+
+def _child(name: str, monitored: bool) -> None:
+    _steps(name, monitored)
+    with open("/proc/self/status") as status:  # VmHWM: this process's peak RSS (ru_maxrss is
+        hwm = next(line for line in status if line.startswith("VmHWM:"))  # inherited across fork)
+    print(int(hwm.split()[1]) * 1024)
+
+
+def _fresh_rss(name: str, monitored: bool) -> int:
+    """Peak RSS (bytes, Linux ``VmHWM``) of a fresh Python process that runs :func:`_steps`."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, __file__, "--child", name, str(int(monitored))],
+                         check=True, capture_output=True, text=True).stdout
+    return int(out.split()[-1])
+
+
+def main() -> None:
+    """``python benchmarks/memory.py [OPTIMIZER ...]``: the extra memory of logging steps (the first
+    included) on a GPT-2-shaped model, as tracked allocations and as peak RSS in fresh processes,
+    in % of parameter bytes."""
+    import sys
+
+    if sys.argv[1:2] == ["--child"]:
+        _child(sys.argv[2], sys.argv[3] == "1")
+        return
+    names = sys.argv[1:] or list(OPTIMIZERS)
+    print("optimizer      tracked extra   peak-RSS extra   (of parameter bytes; every step a logging step)")
+    for name in names:
+        plain, param_bytes = _steps(name, False, track=True)
+        logged, _ = _steps(name, True, track=True)
+        rss_plain, rss_logged = _fresh_rss(name, False), _fresh_rss(name, True)
+        print(f"{name:<14} {(logged - plain) / param_bytes:>12.2%}   {(rss_logged - rss_plain) / param_bytes:>14.2%}"
+              f"   ({param_bytes / 2**20:.0f} MiB of parameters; peak RSS plain {rss_plain / 2**20:.0f} MiB, "
+              f"monitored {rss_logged / 2**20:.0f} MiB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -10,9 +10,10 @@ update is a few units in the last place (warmup learning rates, bf16). So:
   steps only, for a parameter that is a *vector* (ndim < 2: biases, norm gains, scalars, where
   constant initialisation lives and which hold about 0.1% of a transformer's bytes), is *bf16 or
   fp16* (the store's spacing, 2^-8 relative for bf16, makes power-of-two crossings common, and
-  there the rounding cannot be inverted: two p_before map to one p_after), *shares its storage*
-  with another monitored parameter, or is a float32/float64 matrix whose last logging step found
-  its values so close to constant that crossings would matter (:func:`rounding_risk`).
+  there the rounding cannot be inverted: two p_before map to one p_after), is complex, *shares
+  its storage* with another monitored parameter, or is a float32/float64 matrix whose values are
+  so close to constant that crossings would matter: measured by the last logging step
+  (:func:`rounding_risk`), or, before the first, when the optimizer is built (:func:`near_constant`).
 * **Inversion** (:func:`stored_change`): for the other matrices the view's update is turned into
   the stored change by inverting the store's rounding in the parameter's own dtype:
   p_before = fl(fl(p_after - d) / s) for p_after = fl(fl(s·p_before) + d) (s = 1 - lr·λ under
@@ -33,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .updates import Decayed, Scaled
+from .updates import Scaled, Stores
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -59,7 +60,9 @@ def snapshot_reason(p: Tensor, aliased: bool, risky: bool) -> str | None:
         risky: :func:`rounding_risk` of the last logging step was above :data:`RISK_ABOVE`.
 
     Returns:
-        ``"aliased"``, ``"vector"``, ``"low precision"``, ``"near-constant"`` or None.
+        ``"aliased"``, ``"vector"``, ``"low precision"``, ``"complex"`` (its real and imaginary parts
+        have spreads of their own, which the pairs-of-reals moments that :func:`rounding_risk` reads
+        do not tell apart), ``"near-constant"`` or None.
     """
     if aliased:
         return "aliased"
@@ -67,6 +70,8 @@ def snapshot_reason(p: Tensor, aliased: bool, risky: bool) -> str | None:
         return "vector"
     if p.dtype in LOW_PRECISION:
         return "low precision"
+    if p.is_complex():
+        return "complex"
     return "near-constant" if risky else None
 
 
@@ -93,17 +98,44 @@ def rounding_risk(eps: Tensor, mean_sq_p: Tensor, std_p: Tensor, std_u: Tensor) 
     return moved & (risk > RISK_ABOVE)
 
 
+NEAR_CONSTANT = 1e-2
+"""std(p) / rms(p) below which a float32/float64 matrix counts as near-constant when the optimizer
+is built, before any logging step could measure :func:`rounding_risk` (a matrix initialised at 1.0,
+or at 1.0 but for a few elements)."""
+
+
+@torch.no_grad()
+def near_constant(params: list[Tensor]) -> list[bool]:
+    """Per parameter, whether it is a float32/float64 matrix whose spread is below
+    :data:`NEAR_CONSTANT` of its magnitude: snapshotted from the first logging step on, until a
+    logging step measures its :func:`rounding_risk`. One reduction per such matrix and one host
+    read, when the optimizer is built (never in a step)."""
+    idx = [i for i, p in enumerate(params) if p.dim() >= 2 and p.dtype in (torch.float32, torch.float64)
+           and type(p) in (Tensor, torch.nn.Parameter) and p.device.type != "meta" and p.numel() > 1]
+    if not idx:
+        return [False] * len(params)
+    rows = torch.stack([torch.stack(torch.std_mean(params[i].detach(), correction=0)).double().cpu() for i in idx])
+    std, mean = rows.unbind(1)
+    near = (std < NEAR_CONSTANT * (std.square() + mean.square()).sqrt()).tolist()
+    out = [False] * len(params)
+    for i, flag in zip(idx, near):
+        out[i] = flag
+    return out
+
+
 @dataclass
 class Part:
-    """One flat slice ``span`` of the parameter ``whole``, as a view to hand to an update view: ``p``
-    (a detached view whose ``.grad`` is the matching slice of the grad) and ``state`` (each tensor
-    shaped like the parameter sliced the same way; scalars and other tensors as they are). A whole
-    parameter is its own single part (``span`` None, ``p`` the parameter itself)."""
+    """One slice ``span`` of the parameter ``whole``, as a view to hand to an update view: ``p`` (a
+    detached view whose ``.grad`` is the matching slice of the grad) and ``state`` (each tensor
+    shaped like the parameter sliced the same way; scalars and other tensors as they are). The
+    slice is of the flattened parameter (``flat``) or, for a non-contiguous one, of its first
+    dimension. A whole parameter is its own single part (``span`` None, ``p`` the parameter)."""
 
     p: Tensor
     state: dict[str, Any]
     whole: Tensor
     span: slice | None = None
+    flat: bool = True
 
     def refresh(self, state: dict[str, Any]) -> dict[str, Any]:
         """After the step: point ``p.grad`` at the slice of the parameter's grad now (a closure may
@@ -112,32 +144,44 @@ class Part:
         if self.span is None:
             return state
         grad = self.whole.grad
-        self.p.grad = None if grad is None else grad.view(-1)[self.span]
-        self.state = _slice_state(state, self.whole, self.span)
+        self.p.grad = None if grad is None else _cut(grad, self.span, self.flat)
+        self.state = _slice_state(state, self.whole, self.span, self.flat)
         return self.state
 
 
 def parts(p: Tensor, state: dict[str, Any], elementwise: bool) -> list[Part]:
-    """``p`` cut into flat slices of at most :data:`PART_ELEMENTS` elements, or ``[Part(p, state, p)]``.
+    """``p`` cut into slices of at most :data:`PART_ELEMENTS` elements (or of one row of its first
+    dimension where a row is larger), or ``[Part(p, state, p)]``.
 
     Only where the update of a slice depends on nothing but the same slice of p, its grad and its
-    state (``elementwise``: the element-wise views), and p, its grad and those state tensors are
-    contiguous and dense.
+    state (``elementwise``: the element-wise views) and the grad is dense. Slices are flat where p,
+    its grad and its p-shaped state are all contiguous, else along the first dimension.
     """
     n = p.numel()
     grad = p.grad
     shaped = [v for v in state.values() if isinstance(v, Tensor) and v.shape == p.shape]
-    if (not elementwise or n <= PART_ELEMENTS or not p.is_contiguous()
-            or (grad is not None and (grad.is_sparse or not grad.is_contiguous()))
-            or not all(v.is_contiguous() and not v.is_sparse for v in shaped)):
+    if not elementwise or n <= PART_ELEMENTS or p.dim() == 0 or (grad is not None and grad.is_sparse) \
+            or any(v.is_sparse for v in shaped):
         return [Part(p, state, p)]
+    flat = all(t.is_contiguous() for t in [p, *shaped, *([] if grad is None else [grad])])
+    if not flat and p.dim() < 2:
+        return [Part(p, state, p)]
+    length, step = (n, PART_ELEMENTS) if flat else (p.shape[0], max(1, PART_ELEMENTS // (n // p.shape[0])))
     out = []
-    for start in range(0, n, PART_ELEMENTS):
-        span = slice(start, min(n, start + PART_ELEMENTS))
-        piece = p.detach().view(-1)[span]
-        piece.grad = None if grad is None else grad.view(-1)[span]
-        out.append(Part(piece, _slice_state(state, p, span), p, span))
+    for start in range(0, length, step):
+        span = slice(start, min(length, start + step))
+        piece = _cut(p.detach(), span, flat)
+        piece.grad = None if grad is None else _cut(grad, span, flat)
+        out.append(Part(piece, _slice_state(state, p, span, flat), p, span, flat))
     return out
+
+
+def _cut(t: Tensor, span: slice, flat: bool) -> Tensor:
+    return t.view(-1)[span] if flat else t[span]
+
+
+def _slice_state(state: dict[str, Any], p: Tensor, span: slice, flat: bool) -> dict[str, Any]:
+    return {k: (_cut(v, span, flat) if isinstance(v, Tensor) and v.shape == p.shape else v) for k, v in state.items()}
 
 
 def widened(p: Tensor, state: dict[str, Any]) -> tuple[Tensor, dict[str, Any]]:
@@ -152,30 +196,29 @@ def widened(p: Tensor, state: dict[str, Any]) -> tuple[Tensor, dict[str, Any]]:
     return wide, {k: (v.float() if isinstance(v, Tensor) and v.dtype in LOW_PRECISION else v) for k, v in state.items()}
 
 
-def _slice_state(state: dict[str, Any], p: Tensor, span: slice) -> dict[str, Any]:
-    return {k: (v.reshape(-1)[span] if isinstance(v, Tensor) and v.shape == p.shape else v)
-            for k, v in state.items()}
-
-
-def dense(intended: Tensor | Scaled | Decayed) -> tuple[Tensor, float | Tensor]:
-    """``(d, s)`` of an update view's result: p_after = fl(fl(s·p_before) + d), d as a new or the
-    view's own tensor."""
-    s: float | Tensor = 1.0
-    if isinstance(intended, Decayed):
-        intended, s = intended.d, intended.s
-    d = intended.dense() if isinstance(intended, Scaled) else intended
-    return (d.to_dense() if d.is_sparse else d), s
+def stores(intended: Tensor | Scaled | Stores) -> tuple[list[Tensor], float | Tensor]:
+    """``(adds, s)`` of an update view's result: p_after = fl(...fl(fl(s·p_before) + d_1)... + d_k),
+    each d as a dense tensor (new, or the view's own)."""
+    if not isinstance(intended, Stores):
+        intended = Stores((intended,))
+    adds = [d.dense() if isinstance(d, Scaled) else d for d in intended.adds]
+    return [d.to_dense() if d.is_sparse else d for d in adds], intended.s
 
 
 def bounds(p: Tensor) -> Tensor | None:
-    """``[min, max]`` of a real part before the step (one reduction, no temporary): where they are
-    equal the part was constant (a matrix initialised at 1.0 or 0) and p_before is that value
-    exactly, which the inversion cannot tell from its neighbour where the step crosses a power of
-    two. None for complex parts."""
-    return None if p.is_complex() or p.numel() == 0 else torch.stack(torch.aminmax(p.detach()))
+    """``[min, max]`` of a part before the step (one reduction, no temporary; of the real and the
+    imaginary parts apart for a complex part, shape (2, 2)): where they are equal the part was
+    constant (a matrix initialised at 1.0 or 0) and p_before is that value exactly, which the
+    inversion cannot tell from its neighbour where the step crosses a power of two. None for an
+    empty part."""
+    x = p.detach()
+    if x.numel() == 0:
+        return None
+    return torch.stack(torch.aminmax(torch.view_as_real(x).reshape(-1, 2), dim=0) if x.is_complex()
+                       else torch.aminmax(x))
 
 
-def stored_change(p: Tensor, intended: Tensor | Scaled | Decayed | None, before: Tensor | None,
+def stored_change(p: Tensor, intended: Tensor | Scaled | Stores | None, before: Tensor | None,
                   extremes: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
     """The stored change u = p_after - p_before of one part, and the intended update it came from.
 
@@ -187,29 +230,39 @@ def stored_change(p: Tensor, intended: Tensor | Scaled | Decayed | None, before:
         extremes: :func:`bounds` of p_before, for the inversion.
 
     Returns:
-        ``(u, intended_u)``: u as a new tensor (float32 for bf16/fp16 parameters; None where nothing
-        moved and there is no snapshot), and the update the optimizer meant, d + (s - 1)·p_before
-        (None when ``intended`` is None), which :func:`lost` compares with u.
+        ``(u, meant)``: u as a new tensor (float32 for bf16/fp16 parameters; None where nothing
+        moved and there is no snapshot), and the update the optimizer meant, Σ d + (s - 1)·p_before,
+        which :func:`lost` and :func:`verify_miss` compare with u (None when ``intended`` is None,
+        and for an inverted update with weight decay, whose p_before is not kept).
     """
     after = p.detach()
-    if before is not None:
-        wide = torch.float32 if after.dtype in LOW_PRECISION else after.dtype
-        u = after.to(wide) - before.to(wide)
-        if intended is None:
-            return u, None
-        d, s = dense(intended)
-        meant = d.to(wide) if _is_one(s) else d.to(wide) + (s - 1) * before.to(wide)
-        return u, meant
     if intended is None:
-        return None, None
-    d, s = dense(intended)
-    d = d.to(after.dtype)
-    p_b = after - d  # one rounding in p's dtype: the nearest value to p_after - d
+        return (None if before is None else _wide(after) - _wide(before)), None
+    adds, s = stores(intended)
+    if before is not None:
+        u = _wide(after) - _wide(before)
+        meant = _total([_wide(d) for d in adds])
+        return u, (meant if _is_one(s) else meant + (s - 1) * _wide(before))
+    real = torch.view_as_real if after.is_complex() else (lambda t: t)
+    p_b = real(after)
+    for d in reversed(adds):  # one rounding in p's dtype each: the nearest value to p - d
+        p_b = p_b - real(d.to(after.dtype))
     if not _is_one(s):
-        p_b.div_(s.to(after.dtype) if isinstance(s, Tensor) else s)
+        p_b = p_b / (s.to(p_b.dtype) if isinstance(s, Tensor) else s)
     if extremes is not None:  # weight 1 gives exactly the constant, weight 0 p_b itself
         p_b.lerp_(extremes[0].to(p_b.dtype), (extremes[0] == extremes[1]).to(p_b.dtype))
-    return torch.sub(after, p_b, out=p_b), d
+    u = torch.sub(real(after), p_b, out=p_b)
+    u = torch.view_as_complex(u) if after.is_complex() else u
+    return u, (_total(adds) if _is_one(s) else None)
+
+
+def _total(adds: list[Tensor]) -> Tensor:
+    return adds[0] if len(adds) == 1 else torch.stack(adds).sum(0)
+
+
+def _wide(t: Tensor) -> Tensor:
+    """``t`` in float32 if bf16/fp16 (a copy), else as it is."""
+    return t.float() if t.dtype in LOW_PRECISION else t
 
 
 def lost(u: Tensor, meant: Tensor | None, grad: Tensor | None) -> Tensor:
@@ -222,14 +275,16 @@ def lost(u: Tensor, meant: Tensor | None, grad: Tensor | None) -> Tensor:
     return ((u == 0) & (meant != 0)).sum().double().reshape(1)
 
 
-def verify_miss(u: Tensor, truth: Tensor, estimate: Tensor, p: Tensor, before: Tensor) -> Tensor:
-    """Verify mode: ``[||excess||, ||truth||]`` (float64, shape (2,)) of a part, where excess is the
-    estimate's error beyond what the store's rounding explains: max(|estimate - truth| - r, 0)
-    with r = eps·(|p_after| + |p_before|) / 2 for a view's intended update next to a snapshot (the
-    store rounds it), and r = 0 for an inverted update (it must be the stored change itself)."""
-    err = (estimate.to(truth.dtype) - truth).abs()
-    if estimate is not u:
-        err = (err - eps(p.dtype) * (p.detach().to(truth.dtype).abs() + before.to(truth.dtype).abs()) / 2).clamp_(min=0)
+def verify_miss(u: Tensor, truth: Tensor, meant: Tensor | None, p: Tensor) -> Tensor:
+    """Verify mode: ``[||miss||, ||truth||]`` (float64, shape (2,)) of a part against the clone's
+    ``truth``. Per element, miss is the larger of the figure's error |u - truth| and the view's
+    error beyond what the store's rounding explains, max(|meant - truth| - r, 0) with
+    r = eps·(|p_after| + |p_before|) / 2 (half a spacing of each value; ``meant`` None: no view)."""
+    err = (u.to(truth.dtype) - truth).abs()
+    if meant is not None:
+        after = p.detach().to(truth.dtype)
+        r = eps(p.dtype) * (after.abs() + (after - truth).abs()) / 2
+        err = torch.maximum(err, ((meant.to(truth.dtype) - truth).abs() - r).clamp_(min=0))
     return torch.stack([torch.linalg.vector_norm(err), torch.linalg.vector_norm(truth)]).double()
 
 

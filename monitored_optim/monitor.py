@@ -117,6 +117,8 @@ class Monitor:
                  "(name, tensor) pairs) to log them by name")
         if self.config is not None and self.config.model is not None:
             self.watch(self.config.model)
+        self._risky.update(name for group, names in zip(optimizer.param_groups, _names(optimizer))
+                           for name, near in zip(names, capture.near_constant(group["params"])) if near)
 
     def watch(self, model: torch.nn.Module) -> list[str]:
         """Warn once about each trainable parameter of ``model`` that no param group holds.
@@ -285,16 +287,17 @@ class Monitor:
         jobs = []
         for i, e in enumerate(chunk):
             u, meant = capture.stored_change(e.p, rebuilt.get(i), e.before, e.extremes)
-            if u is None:
+            if u is None:  # the view says nothing moved; verify mode checks that against its clone
+                if e.clone is not None:
+                    truth = Cloned(e.clone).update(e.p)
+                    _accumulate(e.owner, "verify", capture.verify_miss(torch.zeros_like(truth), truth, None, e.p),
+                                norms=True)
                 continue
             if e.p.dtype in capture.LOW_PRECISION:
                 _accumulate(e.owner, "lost", capture.lost(u, meant, e.p.grad))
             truth = u if e.before is not None else (None if e.clone is None else Cloned(e.clone).update(e.p))
-            if truth is not None and self.settings.verify and (e.before is None or meant is not None):
-                estimate = u if e.before is None else meant
-                _accumulate(e.owner, "verify", capture.verify_miss(
-                    u, truth, estimate, e.p, e.before if e.before is not None else e.clone),
-                            norms=True)
+            if truth is not None and self.settings.verify:
+                _accumulate(e.owner, "verify", capture.verify_miss(u, truth, meant, e.p), norms=True)
             e.clone = None
             jobs.append((e, u))
         centre = [self._centre.get((e.name, "u"), True) for e, _ in jobs]

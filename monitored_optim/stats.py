@@ -75,8 +75,11 @@ def _norm(x: Tensor) -> Tensor:
     than 16 rows is reduced per row of :data:`ROW` elements (each row's error stays ~1e-7) and the
     row norms are combined in float64; this is also faster, the rows being reduced in parallel.
     """
-    if x.numel() <= 16 * ROW or not x.is_contiguous():
+    if x.numel() <= 16 * ROW:
         return torch.linalg.vector_norm(x)
+    if not x.is_contiguous():  # per row of the first dimension (no copy), rows combined in float64
+        rows = torch.linalg.vector_norm(x, dim=tuple(range(1, x.dim()))) if x.dim() > 1 else x.abs()
+        return torch.linalg.vector_norm(rows.reshape(-1).double()).to(x.dtype)
     flat = x.view(-1)
     k = flat.numel() // ROW
     parts = [torch.linalg.vector_norm(flat[:k * ROW].view(k, ROW), dim=1)]
@@ -205,7 +208,7 @@ def _members(owner: list[int], slots: int) -> list[list[int]]:
 
 def _norms(dense: list[Tensor]) -> Tensor:
     """:func:`_norm` of each tensor (one dtype and device), the small ones by one ``_foreach_norm``."""
-    large = {j for j, d in enumerate(dense) if d.numel() > 16 * ROW and d.is_contiguous()}
+    large = {j for j, d in enumerate(dense) if d.numel() > 16 * ROW}
     rest = [d for j, d in enumerate(dense) if j not in large]
     small = iter(torch._foreach_norm(rest) if rest else [])
     return torch.stack([_norm(d) if j in large else next(small) for j, d in enumerate(dense)])

@@ -119,3 +119,80 @@ def test_figures_equal_clone_truth_on_real_initialisations(dtype, init, opt_id, 
             for name, p in named:
                 want = (moves[name] & (p.detach() == before[name])).double().mean().item()
                 assert abs(lost[f"update_lost/{name}"] - want) <= 0.005, (name, lost, want)
+
+
+@pytest.mark.parametrize("opt_id", ["sgd", "adam", "adamw-wd"])
+def test_aliased_parameters_report_the_change_of_their_storage(opt_id, tmp_path):
+    """A tied weight listed twice (``named_parameters(remove_duplicate=False)``: torch steps it twice)
+    and two Parameters over overlapping pieces of one storage: each name's figures are the change of
+    what that name holds, as a clone of it sees it."""
+    gen = torch.Generator().manual_seed(0)
+    tied = torch.nn.Parameter(0.02 * torch.randn(64, 32, generator=gen))
+    base = 0.02 * torch.randn(4096, generator=gen)
+    low, high = torch.nn.Parameter(base[:3000].view(100, 30)), torch.nn.Parameter(base[1096:].view(100, 30))
+    named = [("tied", tied), ("tied_again", tied), ("low", low), ("high", high)]
+    cls, kwargs = OPTIMIZERS[opt_id]
+    with pytest.warns(UserWarning, match="duplicate parameters"):
+        opt = Monitored(cls)(named, lr=1e-2, **kwargs, monitor=MonitorConfig(backend="none", logdir=tmp_path))
+    for _ in range(2):
+        for _, p in named:
+            p.grad = 1e-2 * torch.randn(p.shape, generator=gen)
+        before, grads = truth.snapshot(named)
+        opt.step()
+        truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+
+
+HOSTILE = [
+    ("nadam-small-lr", O.NAdam, dict(lr=1e-6), "normal1", (64, 128), 1),
+    ("nadam-foreach-decoupled", O.NAdam, dict(lr=1e-6, foreach=True, weight_decay=0.1,
+                                              decoupled_weight_decay=True), "normal1", (64, 128), 1),
+    ("nadam-l2", O.NAdam, dict(lr=1e-4, weight_decay=0.1), "normal1", (64, 128), 1),
+    ("asgd-large-lambd", O.ASGD, dict(lr=1e-6, lambd=1.0), "normal1", (64, 128), 1),
+    ("asgd-large-lambd-1e-4", O.ASGD, dict(lr=1e-4, lambd=1.0, weight_decay=0.1), "normal1", (64, 128), 1),
+    ("sgd-ones-every3", O.SGD, dict(lr=1e-7), "ones", (64, 128), 3),
+    ("adam-ones-every3-parts", O.Adam, dict(lr=1e-6), "ones", (600, 500), 3),
+    ("adam-ones-but-one", O.Adam, dict(lr=1e-6), "ones-but-one", (64, 128), 1),
+    ("rmsprop-transposed-large", O.RMSprop, dict(lr=1e-3), "transposed", (1000, 600), 1),
+    ("adam-transposed-large", O.Adam, dict(lr=1e-3), "transposed", (1000, 600), 1),
+]
+"""Cases a hostile review found off: NAdam and ASGD store p twice per step; matrices near constant
+at their first logging step; large non-contiguous parameters."""
+
+
+@pytest.mark.parametrize("cid,cls,kwargs,init,shape,every", HOSTILE, ids=[c[0] for c in HOSTILE])
+def test_hostile_cases_equal_clone_truth(cid, cls, kwargs, init, shape, every, tmp_path):
+    gen = torch.Generator().manual_seed(zlib.crc32(cid.encode()))
+    if init == "normal1":
+        w = torch.randn(shape, generator=gen)
+    elif init == "transposed":
+        w = torch.randn(shape, generator=gen).t()
+    else:
+        w = torch.ones(shape)
+        if init == "ones-but-one":
+            w[0, 0] = 0.5
+    named = [("w", torch.nn.Parameter(w))]
+    opt = Monitored(cls)(named, **kwargs, monitor=MonitorConfig(backend="none", every=every, logdir=tmp_path))
+    for step in range(1, 2 * every + 1):
+        named[0][1].grad = 1e-2 * torch.randn(named[0][1].shape, generator=gen)
+        before, grads = truth.snapshot(named)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.step()
+        if step % every == 0:
+            truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+            assert not caught, [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("cls,kwargs", [(O.SGD, dict(lr=1e-6)), (O.Adam, dict(lr=1e-6)), (O.Adagrad, dict(lr=1e-6))],
+                         ids=["sgd", "adam", "adagrad"])
+def test_complex_parameter_update_norm_equals_clone_truth(cls, kwargs, tmp_path):
+    """A complex matrix initialised at 1 + 0j: its norm counts real and imaginary parts alike."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter(torch.ones(64, 128, dtype=torch.complex64))
+    opt = Monitored(cls)([("w", w)], **kwargs, monitor=MonitorConfig(backend="none", logdir=tmp_path))
+    for _ in range(3):
+        w.grad = 1e-2 * torch.randn(w.shape, dtype=torch.complex64, generator=gen)
+        before = w.detach().clone()
+        opt.step()
+        true = torch.view_as_real(w.detach()).double() - torch.view_as_real(before).double()
+        assert opt.monitor.latest["update_norm/w"] == pytest.approx(true.norm().item(), rel=1e-4)

@@ -10,7 +10,8 @@ import torch
 
 import models
 from monitored_optim import Monitored, MonitorConfig
-from monitored_optim.updates import register, view_for
+from monitored_optim import monitor as monitor_module
+from monitored_optim.updates import Scaled, Stores, register, view_for
 from thirdparty import SignSGD
 
 
@@ -74,6 +75,39 @@ def test_verify_mode_catches_a_broken_view_and_names_the_parameter():
     assert opt.monitor.latest["verify/max_rel_error"] > 0.1
     named = [str(w.message).split("'")[1] for w in rec if "verify" in str(w.message)]
     assert named == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]  # once each, over 3 steps
+
+
+@pytest.mark.parametrize("dtype,init", [(torch.bfloat16, "normal"), (torch.float32, "ones")],
+                         ids=["bf16", "constant-fp32"])
+def test_verify_mode_catches_a_view_off_by_two_percent(dtype, init, monkeypatch, tmp_path):
+    """A view whose update is 2% too large: hidden on bf16 (snapshotted: the figures stay exact, but
+    the view's own update misses the stored change by far more than one rounding) and on a constant
+    fp32 matrix (whose p_before the inversion recovers exactly from its min = max). Verify mode must
+    still name it, judging against the update itself, not against eps * ||p||."""
+    real = monitor_module.rebuild
+
+    def broken(*args):
+        return [None if u is None else _scaled(u, 1.02) for u in real(*args)]
+
+    monkeypatch.setattr(monitor_module, "rebuild", broken)
+    gen = torch.Generator().manual_seed(0)
+    w = torch.ones(256, 512) if init == "ones" else 0.02 * torch.randn(256, 512, generator=gen)
+    w = torch.nn.Parameter(w.to(dtype))
+    opt = Monitored(torch.optim.Adam)([("w", w)], lr=1e-2, monitor=MonitorConfig(backend="none", verify=True,
+                                                                                    logdir=tmp_path))
+    w.grad = (1e-2 * torch.randn(w.shape, generator=gen)).to(dtype)
+    before = w.detach().clone()
+    with pytest.warns(RuntimeWarning, match=r"verify: the update of 'w' rebuilt"):
+        opt.step()
+    assert opt.monitor.latest["verify/max_rel_error"] > 0.01
+    true_norm = (w.detach().double() - before.double()).norm().item()
+    assert opt.monitor.latest["update_norm/w"] == pytest.approx(true_norm, rel=1e-4)  # the figure itself is exact
+
+
+def _scaled(u, k):
+    if isinstance(u, Stores):
+        return Stores(tuple(_scaled(d, k) for d in u.adds), u.s)
+    return Scaled(u.tensor, u.factor * k) if isinstance(u, Scaled) else u * k
 
 
 def test_registered_correct_view_is_used_without_clone_and_verifies():

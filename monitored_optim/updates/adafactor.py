@@ -16,7 +16,7 @@ a clone).
 
 Rebuild after the step: U is recomputed bit for bit from the stored R and C (or V), the grad and
 eps1. The only trace of p_b is the scalar ‖p_b‖, which ``before`` keeps as a 0-dim tensor on p's
-device (one reduction, no clone). Then d = -α/max(1, ‖U‖/(√n·d))·U and, under weight decay, ``Decayed(d, s)``
+device (one reduction, no clone). Then d = -α/max(1, ‖U‖/(√n·d))·U and, under weight decay, ``Stores((d,), s)``
 (u = d without weight decay). The scalars are computed on the device in float64, which is what
 torch's Python floats are; a Tensor lr makes α float32 tensor arithmetic, as in torch.
 Source: Shazeer & Stern (2018) "Adafactor: Adaptive Learning Rates with Sublinear Memory Cost",
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .clone import Cloned, Decayed
+from .clone import Cloned, Stores
 
 
 class AdafactorView:
@@ -59,7 +59,7 @@ class AdafactorView:
         clip = update.norm(2).double().div_(root_n * group["d"]).clamp_(min=1.0)
         update.mul_(-alpha / clip.to(alpha.dtype))
         wd = group["weight_decay"]
-        return Decayed(update, 1 - lr * wd) if wd != 0 else update
+        return Stores((update,), 1 - lr * wd) if wd != 0 else update
 
 
 def _dtypes_with_grad(group: dict[str, Any]) -> list[torch.dtype]:

@@ -10,7 +10,7 @@ bc1 = 1 - β1^t, bc2 = 1 - β2^t, s = 1 - lr·λ:
 Rebuild after the step from the stored m, v (or v̂) and t, without p_b:
 
 * L2 or no weight decay: d (the decay lives inside m and v);
-* decoupled: ``Decayed(d, s)``, the two stores p ← s·p, p ← p + d, which the capture inverts in
+* decoupled: ``Stores((d,), s)``, the two stores p ← s·p, p ← p + d, which the capture inverts in
   turn (where |s| < 1/2, lr·λ near 1, the parameter falls back to a clone).
 
 Several parameters at once (``update_many``, float32/float64 ones): with b = sqrt(bc2),
@@ -18,7 +18,7 @@ d = c·r where c = -(lr / bc1)·b and r = m / (sqrt(v̂) + eps·b), the same quo
 ulp apart). The coefficients of all parameters come from one stack of their steps (read as Python
 floats, as torch's single-tensor step reads them, where the steps live on the CPU and the
 hyperparameters are numbers; as tensors otherwise), r from ``torch._foreach_*`` ops, and d is
-returned as ``Scaled(r, c)`` (inside ``Decayed(·, s)`` under decoupled decay).
+returned as ``Scaled(r, c)`` (inside ``Stores((·,), s)`` under decoupled decay).
 
 Hyperparameters are read raw from the parameter's own group: a Tensor lr or beta, or the
 ``capturable``/``differentiable`` tensor step, makes the bias corrections float32 tensor arithmetic
@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from ._shared import decay_solvable, to_scalar
-from .clone import Cloned, Decayed, Scaled
+from .clone import Cloned, Scaled, Stores
 
 _BATCHED = (torch.float32, torch.float64)
 
@@ -70,7 +70,7 @@ class AdamView:
         u = torch.div(m, u, out=u).mul_(-step_size)
         u = torch.view_as_complex(u) if torch.is_complex(p) else u
         wd = group["weight_decay"]
-        return Decayed(u, 1 - lr * wd) if wd != 0 and group["decoupled_weight_decay"] else u
+        return Stores((u,), 1 - lr * wd) if wd != 0 and group["decoupled_weight_decay"] else u
 
     def update_many(self, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]],
                     snapshots: list[Any]) -> list[Tensor | Scaled | None]:
@@ -97,7 +97,7 @@ class AdamView:
         return out
 
     def _rebuild(self, group: dict[str, Any], params: list[Tensor],
-                 states: list[dict[str, Any]]) -> list[Scaled] | list[Decayed]:
+                 states: list[dict[str, Any]]) -> list[Scaled] | list[Stores]:
         eps_b, c = _coefficients(group, states, params[0].device)
         r = torch._foreach_sqrt([s["max_exp_avg_sq" if group["amsgrad"] else "exp_avg_sq"] for s in states])
         torch._foreach_add_(r, eps_b)
@@ -105,7 +105,7 @@ class AdamView:
         torch._foreach_mul_(r, [s["exp_avg"] for s in states])
         d = [Scaled(t, f) for t, f in zip(r, c.unbind() if isinstance(c, Tensor) else c)]
         lr, wd = group["lr"], group["weight_decay"]
-        return [Decayed(x, 1 - lr * wd) for x in d] if wd != 0 and group["decoupled_weight_decay"] else d
+        return [Stores((x,), 1 - lr * wd) for x in d] if wd != 0 and group["decoupled_weight_decay"] else d
 
 
 def _coefficients(group: dict[str, Any], states: list[dict[str, Any]],

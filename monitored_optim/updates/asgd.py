@@ -10,6 +10,10 @@ initial value: lr as a float32/default-dtype tensor):
 
     p_b = (p_a + η·ĝ) / (s - η·w),   so   u = -(η·ĝ + (1 - s + η·w)·p_a) / (s - η·w).
 
+The single-tensor path stores p twice (``mul_(s)``, then ``add_(g', alpha=-η)``): the view returns
+``Stores((d,), s)`` with the second store's d = p_a - s·p_b = s·u + (1 - s)·p_a, for the capture to
+invert both roundings; the foreach path folds λ into the gradient, one store of u.
+
 The divisor s - η·w = 1 - η(λ + w) is a constant of the step: well conditioned for any sane η.
 Rebuilding η from the current lr instead would be wrong as soon as lr changes (a scheduler).
 
@@ -30,7 +34,7 @@ from torch import Tensor
 from torch.optim.optimizer import _get_scalar_dtype
 
 from ._shared import like, ran_foreach, real, to_scalar
-from .clone import Cloned
+from .clone import Cloned, Stores
 
 
 class AsgdView:
@@ -57,4 +61,6 @@ class AsgdView:
         g, p_a = real(-p.grad if group["maximize"] else p.grad), real(p.detach())
         k = (1 - s) + eta * wd
         u = (g * eta).add_(p_a * k).div_(-(s - eta * wd))
-        return like(u, p)
+        if ran_foreach(group):  # lambda folded into the gradient: one store
+            return like(u, p)
+        return Stores((like(u.mul_(s).sub_(p_a * (s - 1)), p),), s)  # the second store's d = s*u + (1 - s)*p_a

@@ -39,16 +39,17 @@ class Scaled:
 
 
 @dataclass(frozen=True)
-class Decayed:
-    """An update applied in two stores, as decoupled weight decay does: p ← fl(s·p), then
-    p ← fl(p + d) (s = 1 - lr·λ, a float or a 0-dim Tensor; d a tensor or :class:`Scaled`).
+class Stores:
+    """An update applied in several stores: p ← fl(s·p) (decoupled weight decay, s = 1 - lr·λ, a
+    float or a 0-dim Tensor; none where s is 1), then p ← fl(p + d) for each d of ``adds`` in order
+    (tensors or :class:`Scaled`; NAdam adds its gradient and its momentum terms one after the other).
 
     A view returns this instead of solving for p_before itself, so that the capture can invert
-    both roundings in turn (``monitored_optim/capture.py``).
+    every rounding in turn (``monitored_optim/capture.py``).
     """
 
-    d: Tensor | Scaled
-    s: float | Tensor
+    adds: tuple[Tensor | Scaled, ...]
+    s: float | Tensor = 1.0
 
 
 class CloneView:

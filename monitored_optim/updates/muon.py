@@ -10,7 +10,7 @@ s = 1 - lr·λ, and A×B the parameter's shape:
 
 Rebuild after the step: X is rebuilt from the grad and the stored buffer B, O by running torch's own
 ``_zeropower_via_newtonschulz`` on it again (same inputs, same bfloat16 kernels: bit-identical on
-CPU; on GPU it relies on deterministic GEMMs), d = -lr'·O and, under weight decay, ``Decayed(d, s)`` (u = d when
+CPU; on GPU it relies on deterministic GEMMs), d = -lr'·O and, under weight decay, ``Stores((d,), s)`` (u = d when
 λ = 0). Cost on a logging step: 3·ns_steps matmuls per parameter (15 by default), no clone.
 A Tensor lr makes lr' and s float32 tensor arithmetic, as in torch.
 Source: Jordan et al. (2024) "Muon: An optimizer for hidden layers in neural networks", Liu et al.
@@ -24,7 +24,7 @@ from typing import Any
 
 from torch import Tensor
 
-from .clone import Decayed
+from .clone import Stores
 
 try:  # torch's own Newton–Schulz and lr adjustment (torch >= 2.9 ships Muon)
     from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
@@ -49,4 +49,4 @@ class MuonView:
             lr = lr.squeeze()
         u = ortho.to(p.dtype).mul_(-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
         wd = group["weight_decay"]
-        return Decayed(u, 1 - lr * wd) if wd != 0 else u
+        return Stores((u,), 1 - lr * wd) if wd != 0 else u

@@ -11,10 +11,11 @@ decay ψ, bc2 = 1 - β2^t, s = 1 - lr·λ:
 
 Rebuild after the step from the stored m, v, t and Π (the stored Π is the one the step used):
 
-* no weight decay: u = (c1·ĝ + c2·m) / D;
-* decoupled: with d that figure, ``Decayed(d, s)``, inverted in turn by the capture;
+* torch stores p twice, adding the gradient term c1·g'/D and then the momentum term c2·m/D
+  (``addcdiv_`` each), so the view returns both, ``Stores((c1·ĝ/D, c2·m/D), s)`` (s = 1 - lr·λ
+  under decoupled decay, else 1), for the capture to invert each rounding in turn;
 * L2: the explicit g' term holds p_b, so solve p_a = p_b + (c1(ĝ + λ·p_b) + c2·m)/D:
-  u = (c1(ĝ + λ·p_a) + c2·m) / (D + c1·λ). Its condition number κ = D / (D + c1·λ) multiplies the
+  u = (c1(ĝ + λ·p_a) + c2·m) / (D + c1·λ), whose gradient term is u - c2·m/D. Its condition number κ = D / (D + c1·λ) multiplies the
   rounding of p_a. ``before`` bounds κ from the pre-step state, D ≥ sqrt(β2·min(v_old) / bc2) + eps,
   and takes a clone when κ could exceed 2 (always at the first step, where v_old = 0). The bound
   needs min(v_old) on the host: read for CPU parameters; on an accelerator that would be one host
@@ -35,7 +36,7 @@ import torch
 from torch import Tensor
 
 from ._shared import KAPPA_MAX, ran_foreach
-from .clone import Cloned, Decayed
+from .clone import Cloned, Stores
 
 
 class NAdamView:
@@ -60,12 +61,13 @@ class NAdamView:
         g = -g if group["maximize"] else g
         denom = _denom(v, bc2, group["eps"], foreach)
         wd = group["weight_decay"]
-        if wd != 0 and not group["decoupled_weight_decay"]:
-            u = (g + wd * p_a).mul_(c1).add_(m * c2).div_(denom.add_(c1, alpha=wd))  # c1·λ in p's dtype
+        momentum_term = (m * c2).div_(denom)
+        if wd != 0 and not group["decoupled_weight_decay"]:  # c1·λ in p's dtype
+            grad_term = (g + wd * p_a).mul_(c1).add_(m * c2).div_(denom.add_(c1, alpha=wd)).sub_(momentum_term)
         else:
-            u = (g * c1).add_(m * c2).div_(denom)
-        u = torch.view_as_complex(u) if torch.is_complex(p) else u
-        return Decayed(u, 1 - group["lr"] * wd) if wd != 0 and group["decoupled_weight_decay"] else u
+            grad_term = (g * c1).div_(denom)
+        adds = tuple(torch.view_as_complex(t) if torch.is_complex(p) else t for t in (grad_term, momentum_term))
+        return Stores(adds, 1 - group["lr"] * wd if wd != 0 and group["decoupled_weight_decay"] else 1.0)
 
 
 def _l2(group: dict[str, Any]) -> bool:

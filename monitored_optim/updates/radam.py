@@ -13,7 +13,7 @@ bc1 = 1 - β1^t, bc2 = 1 - β2^t, s = 1 - lr·λ:
 Rebuild after the step from the stored m, v and t (the branch is a function of t alone):
 
 * L2 or no weight decay: u = d (the decay lives inside m and v);
-* decoupled: ``Decayed(d, s)``, the stores p ← s·p, p ← p + d, inverted in turn by the capture.
+* decoupled: ``Stores((d,), s)``, the stores p ← s·p, p ← p + d, inverted in turn by the capture.
 
 Scalar arithmetic mirrors the path torch took: the foreach path folds lr, r, bc1 and sqrt(bc2)
 into one coefficient (float32 tensor arithmetic under a Tensor lr), the single-tensor path
@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from ._shared import ran_foreach
-from .clone import Cloned, Decayed
+from .clone import Cloned, Stores
 
 
 class RAdamView:
@@ -60,7 +60,7 @@ class RAdamView:
             u = (_foreach if foreach else _single)(group, lr, state["step"].item(), m, v)
         u = torch.view_as_complex(u) if torch.is_complex(p) else u
         wd = group["weight_decay"]
-        return Decayed(u, 1 - lr * wd) if wd != 0 and group["decoupled_weight_decay"] else u
+        return Stores((u,), 1 - lr * wd) if wd != 0 and group["decoupled_weight_decay"] else u
 
 
 def _rect(rho_t, rho_inf: float):
