@@ -35,12 +35,10 @@ import torch
 from torch import Tensor
 
 from .updates import Scaled, Stores
+from .updates._shared import PART_ELEMENTS
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
-PART_ELEMENTS = 1 << 18
-"""Largest slice (elements) of a parameter rebuilt and reduced at once: 1 MiB of float32, so a
-logging step's temporaries stay a few MiB whatever the model's size."""
 
 RISK_ABOVE = 1e-4
 """:func:`rounding_risk` above which a float32/float64 matrix is snapshotted at the next logging step:

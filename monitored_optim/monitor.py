@@ -26,7 +26,7 @@ from ._warnings import warn
 from .backends import Fanout
 from .config import MonitorConfig, Settings, resolve
 from .health import Health, ParamHealth
-from .updates import Cloned, View, elementwise, raw_step, rebuild, view_for
+from .updates import Cloned, Rows, View, elementwise, raw_step, rebuild, view_for
 
 VERIFY_RTOL = 1e-3
 """Verify mode's tolerance, relative to the update itself: ``||excess|| <= VERIFY_RTOL * ||u_clone||``
@@ -286,22 +286,39 @@ class Monitor:
                                            [chunk[i].snapshot for i in viewed])))
         jobs = []
         for i, e in enumerate(chunk):
-            u, meant = capture.stored_change(e.p, rebuilt.get(i), e.before, e.extremes)
-            if u is None:  # the view says nothing moved; verify mode checks that against its clone
-                if e.clone is not None:
-                    truth = Cloned(e.clone).update(e.p)
-                    _accumulate(e.owner, "verify", capture.verify_miss(torch.zeros_like(truth), truth, None, e.p),
-                                norms=True)
-                continue
-            if e.p.dtype in capture.LOW_PRECISION:
-                _accumulate(e.owner, "lost", capture.lost(u, meant, e.p.grad))
-            truth = u if e.before is not None else (None if e.clone is None else Cloned(e.clone).update(e.p))
-            if truth is not None and self.settings.verify:
-                _accumulate(e.owner, "verify", capture.verify_miss(u, truth, meant, e.p), norms=True)
+            result = rebuilt.get(i)
+            if isinstance(result, Rows):  # one slice at a time, each reduced before the next is built
+                for span, piece in result.slices():
+                    u = self._stored(e, piece, span)
+                    if u is not None:
+                        _record(batch, [e], "u", [u], [self._centre.get((e.name, "u"), True)], scratch=True)
+            else:
+                u = self._stored(e, result)
+                if u is not None:
+                    jobs.append((e, u))
             e.clone = None
-            jobs.append((e, u))
         centre = [self._centre.get((e.name, "u"), True) for e, _ in jobs]
         _record(batch, [e for e, _ in jobs], "u", [u for _, u in jobs], centre, scratch=True)
+
+    def _stored(self, e: _Entry, result: Any, span: slice | None = None) -> Tensor | None:
+        """The stored change of entry ``e`` (or of its flat slice ``span``) from the view's
+        ``result``; adds its ``lost`` and ``verify`` pieces to the parameter's entry."""
+        def cut(t: Tensor | None) -> Tensor | None:
+            return t if t is None or span is None else t.detach().view(-1)[span]
+
+        p, before, clone = cut(e.p), cut(e.before), cut(e.clone)
+        u, meant = capture.stored_change(p, result, before, e.extremes)
+        if u is None:  # the view says nothing moved; verify mode checks that against its clone
+            if clone is not None:
+                truth = Cloned(clone).update(p)
+                _accumulate(e.owner, "verify", capture.verify_miss(torch.zeros_like(truth), truth, None, p), norms=True)
+            return None
+        if p.dtype in capture.LOW_PRECISION:
+            _accumulate(e.owner, "lost", capture.lost(u, meant, cut(e.p.grad)))
+        truth = u if before is not None else (None if clone is None else Cloned(clone).update(p))
+        if truth is not None and self.settings.verify:
+            _accumulate(e.owner, "verify", capture.verify_miss(u, truth, meant, p), norms=True)
+        return u
 
     def _log(self, figures: dict[str, float]) -> None:
         prefix = self.settings.prefix

@@ -154,9 +154,14 @@ HOSTILE = [
     ("adam-ones-but-one", O.Adam, dict(lr=1e-6), "ones-but-one", (64, 128), 1),
     ("rmsprop-transposed-large", O.RMSprop, dict(lr=1e-3), "transposed", (1000, 600), 1),
     ("adam-transposed-large", O.Adam, dict(lr=1e-3), "transposed", (1000, 600), 1),
+    ("adafactor-large-rows", O.Adafactor, dict(lr=1e-2), "normal1", (600, 500), 1),
+    ("adafactor-large-rows-wd-small-lr", O.Adafactor, dict(lr=1e-6, weight_decay=0.1), "normal1", (600, 500), 1),
+    ("adafactor-large-rows-foreach-maximize", O.Adafactor, dict(lr=1e-3, foreach=True, maximize=True),
+     "normal1", (1000, 300), 1),
 ]
 """Cases a hostile review found off: NAdam and ASGD store p twice per step; matrices near constant
-at their first logging step; large non-contiguous parameters."""
+at their first logging step; large non-contiguous parameters. Also Adafactor's large matrices, rebuilt
+a block of rows at a time."""
 
 
 @pytest.mark.parametrize("cid,cls,kwargs,init,shape,every", HOSTILE, ids=[c[0] for c in HOSTILE])

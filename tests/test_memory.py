@@ -48,8 +48,9 @@ def peak_of_step(cls, kwargs, monitor):
 @pytest.mark.parametrize("cls,kwargs,bound", [
     (torch.optim.AdamW, dict(lr=1e-3), 0.10),
     (torch.optim.SGD, dict(lr=1e-2, momentum=0.9), 0.10),
+    (torch.optim.Adafactor, dict(lr=1e-2), 0.10),  # factored: rebuilt a block of rows at a time
     (torch.optim.Adadelta, dict(lr=1.0, weight_decay=0.1), 1.20),  # weight decay: clone fallback
-], ids=["AdamW", "SGD-momentum", "Adadelta-wd-clone"])
+], ids=["AdamW", "SGD-momentum", "Adafactor", "Adadelta-wd-clone"])
 def test_extra_peak_memory_of_a_logging_step(cls, kwargs, bound):
     plain, param_bytes = peak_of_step(cls, kwargs, None)
     logged, _ = peak_of_step(Monitored(cls), kwargs, MonitorConfig(backend="none"))

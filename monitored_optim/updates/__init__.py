@@ -9,7 +9,9 @@ A view is two small functions of ``(group, p, state)`` with no hidden state:
   update u with ``p``'s shape (a temporary the caller drops after reducing it), a
   :class:`~monitored_optim.updates.clone.Scaled` buffer when u is a multiple of one, a
   :class:`~monitored_optim.updates.clone.Stores` ``(adds, s)`` when the step stores p several
-  times (s·p under decoupled weight decay, then each d of ``adds``), or ``None``
+  times (s·p under decoupled weight decay, then each d of ``adds``), a
+  :class:`~monitored_optim.updates.clone.Rows` whose slices the capture asks for one at a time (a
+  large parameter whose view is not element-wise), or ``None``
   when the step left ``p`` exactly unchanged (torch optimizers skip parameters whose grad is ``None``).
 * optionally ``update_many(group, params, states, snapshots) -> list``: ``update`` of several
   parameters of one group and device at once (``torch._foreach_*`` ops, one set of coefficient
@@ -32,7 +34,7 @@ from .adagrad import AdagradView
 from .adam import AdamView
 from .adamax import AdamaxView
 from .asgd import AsgdView
-from .clone import CLONE, Cloned, CloneView, Scaled, Stores
+from .clone import CLONE, Cloned, CloneView, Rows, Scaled, Stores
 from .muon import MuonView
 from .nadam import NAdamView
 from .radam import RAdamView
@@ -142,5 +144,5 @@ def elementwise(view: View) -> bool:
     return type(view).__name__ in ELEMENTWISE
 
 
-__all__ = ["CLONE", "Cloned", "CloneView", "ELEMENTWISE", "Scaled", "Stores", "View", "elementwise", "raw_step",
+__all__ = ["CLONE", "Cloned", "CloneView", "ELEMENTWISE", "Rows", "Scaled", "Stores", "View", "elementwise", "raw_step",
            "rebuild", "register", "view_for"]

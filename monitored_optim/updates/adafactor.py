@@ -26,12 +26,14 @@ Source: Shazeer & Stern (2018) "Adafactor: Adaptive Learning Rates with Sublinea
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .clone import Cloned, Stores
+from ._shared import PART_ELEMENTS
+from .clone import Cloned, Rows, Stores
 
 
 class AdafactorView:
@@ -50,16 +52,19 @@ class AdafactorView:
         if eps1 is None:
             eps1 = torch.finfo(_dtypes_with_grad(group)[0]).eps
         grad = -p.grad if group["maximize"] else p.grad
-        update = _normalized(grad, state, eps1)
         lr = group["lr"]
         if isinstance(lr, Tensor) and lr.dim() != 0:
             lr = lr.squeeze()
         root_n = p.numel() ** 0.5
         alpha = _alpha(snapshot, root_n, eps2, min(lr, 1 / (state["step"].item() ** 0.5)))
+        wd = group["weight_decay"]
+        s = 1 - lr * wd if wd != 0 else 1.0
+        if grad.dim() == 2 and grad.is_contiguous() and p.numel() > PART_ELEMENTS:
+            return _rows(grad, state, eps1, alpha, root_n * group["d"], s)
+        update = _normalized(grad, state, eps1)
         clip = update.norm(2).double().div_(root_n * group["d"]).clamp_(min=1.0)
         update.mul_(-alpha / clip.to(alpha.dtype))
-        wd = group["weight_decay"]
-        return Stores((update,), 1 - lr * wd) if wd != 0 else update
+        return Stores((update,), s)
 
 
 def _dtypes_with_grad(group: dict[str, Any]) -> list[torch.dtype]:
@@ -76,6 +81,33 @@ def _normalized(grad: Tensor, state: dict[str, Any], eps1: float) -> Tensor:
     else:
         var_estimate = state["variance"].clone()
     return var_estimate.clamp_(min=eps1 * eps1).rsqrt_().mul_(grad)
+
+
+def _rows(grad: Tensor, state: dict[str, Any], eps1: float, alpha: Tensor, threshold: float,
+          s: float | Tensor) -> Rows:
+    """The update of a large factored matrix in blocks of rows (:data:`PART_ELEMENTS` elements
+    each): U is rebuilt per block from the rows of R and all of C (the same products, element by
+    element, as torch's R·C), a first pass takes ‖U‖ for the clipping, and the blocks of
+    d = -α/max(1, ‖U‖/threshold)·U are built again one at a time when the capture asks for them."""
+    rows, cols = grad.shape
+    row_var, col_var = state["row_var"], state["col_var"]
+    row_mean = row_var.mean(dim=-2, keepdim=True).clamp_(min=eps1)
+    step = max(1, PART_ELEMENTS // cols)
+    starts = range(0, rows, step)
+
+    def block(a: int) -> Tensor:
+        b = min(rows, a + step)
+        v = (row_var[a:b] @ col_var).div_(row_mean)
+        return v.clamp_(min=eps1 * eps1).rsqrt_().mul_(grad[a:b])
+
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(block(a)).double() for a in starts]))
+    factor = -alpha / norm.div_(threshold).clamp_(min=1.0).to(alpha.dtype)
+
+    def slices() -> Iterator[tuple[slice, Stores]]:
+        for a in starts:
+            yield slice(a * cols, min(rows, a + step) * cols), Stores((block(a).mul_(factor).view(-1),), s)
+
+    return Rows(slices)
 
 
 def _alpha(norm_before: Tensor, root_n: float, eps2: float, rho: float | Tensor) -> Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,16 @@ class Stores:
 
     adds: tuple[Tensor | Scaled, ...]
     s: float | Tensor = 1.0
+
+
+@dataclass(frozen=True)
+class Rows:
+    """An update delivered a slice at a time, for a large parameter whose update is not element-wise
+    but can be rebuilt in consecutive rows (Adafactor's factored second moment): ``slices()``
+    yields ``(span, result)`` pairs, ``result`` (a tensor, :class:`Scaled` or :class:`Stores`)
+    being the update of ``p.view(-1)[span]``, built only when the capture asks for it."""
+
+    slices: Callable[[], Iterator[tuple[slice, Any]]]
 
 
 class CloneView:
