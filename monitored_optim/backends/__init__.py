@@ -54,9 +54,10 @@ _WRITERS = itertools.count()
 class Fanout:
     """The backends of one monitor: opened at the first ``log``, each guarded against failure.
 
-    A backend that raises (in its constructor, ``log`` or ``close``) is reported once with
-    ``warnings.warn`` naming it and the error, then dropped, and training goes on; with
-    ``strict=True`` the exception propagates instead.
+    A backend that raises (in its constructor, ``log`` or ``close``: a full disk is ``OSError``
+    ENOSPC, a file-size limit EFBIG) is reported once with ``warnings.warn`` naming it and the
+    error, closed (quietly: its files and runs are released) and dropped, and training goes on;
+    with ``strict=True`` the exception propagates instead.
 
     Args:
         names: backend names from ``config.BACKENDS`` (may be empty).
@@ -76,6 +77,10 @@ class Fanout:
         for name, backend in list(self._open.items()):
             if self._guard(name, backend.log, metrics, step) is _FAILED:
                 del self._open[name]
+                try:
+                    backend.close()
+                except Exception:  # already reported: it is failing
+                    pass
 
     def close(self) -> None:
         """Close every open backend (idempotent); a later ``log`` opens them again."""
