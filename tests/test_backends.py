@@ -17,7 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import models
 from monitored_optim import Monitored, MonitorConfig
-from wandb_files import read_history
+from wandb_files import read_metric_definitions, read_monitor_rows, read_rows
 
 
 def read_jsonl(logdir: Path) -> dict[int, dict[str, float]]:
@@ -46,12 +46,18 @@ def train(backend: str, logdir: Path, steps: int = 6, every: int = 2):
     return opt
 
 
-def offline_run(root: Path) -> Path:
-    """The one offline run under ``root``, after shutting wandb's service down so its file is complete
-    (``run.finish()`` can return before wandb-core has written the transaction log)."""
-    wandb.teardown()
+def offline_run(root: Path, teardown: bool = True) -> Path:
+    """The one offline run under ``root``; ``teardown`` first shuts wandb's service down so that the
+    file of a run the test itself finished is complete (``run.finish()`` can return before
+    wandb-core has written the transaction log)."""
+    if teardown:
+        wandb.teardown()
     (run_dir,) = (root / "wandb").glob("offline-run-*")
     return run_dir
+
+
+MONITOR_FAMILIES = ("update_to_data/*", "grad_to_data/*", "update_norm/*", "grad_norm/*", "param_norm/*",
+                    "global/*", "lr/*", "health/*")
 
 
 def assert_same(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], rel: float) -> None:
@@ -73,7 +79,18 @@ def test_tensorboard_and_wandb_agree_with_jsonl(tmp_path):
     assert "update_to_data/unused.weight" not in latest and "grad_norm/unused.weight" not in latest
     assert latest["update_norm/unused.weight"] == 0.0
     assert_same(jsonl, read_tensorboard(tmp_path / "run"), rel=1e-6)  # event files hold float32
-    assert_same(jsonl, read_history(offline_run(tmp_path)), rel=1e-12)
+    run_dir = offline_run(tmp_path, teardown=False)  # close() of its own run returns with the rows on disk
+    assert_same(jsonl, read_monitor_rows(run_dir), rel=1e-12)
+    definitions = read_metric_definitions(run_dir)
+    assert definitions["optimizer/step"] == ""
+    assert all(definitions[family] == "optimizer/step" for family in MONITOR_FAMILIES), definitions
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_own_wandb_run_is_complete_when_close_returns(trial, tmp_path):
+    opt = train("wandb", tmp_path / "run", steps=8, every=1)
+    opt.monitor.close()
+    assert sorted(read_monitor_rows(offline_run(tmp_path, teardown=False))) == list(range(1, 9))
 
 
 def test_active_wandb_run_is_reused_and_left_open(tmp_path):
@@ -86,10 +103,46 @@ def test_active_wandb_run_is_reused_and_left_open(tmp_path):
         run.log({"user/loss": 0.5}, step=5)
     finally:
         run.finish()
-    history = read_history(offline_run(tmp_path))
-    assert sorted(history) == [1, 2, 3, 4, 5]
-    assert history[1]["user/loss"] == 1.0 and "global/update_norm" in history[1]
-    assert history[5] == {"user/loss": 0.5}
+    rows = read_rows(offline_run(tmp_path))
+    assert [row["user/loss"] for row in rows if "user/loss" in row] == [1.0, 0.5]
+    assert sorted(read_monitor_rows(offline_run(tmp_path, teardown=False))) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("user", ["hf-callback", "explicit-steps-ahead", "two-logs-per-iteration"])
+def test_no_monitor_row_is_dropped_in_a_shared_run(user, tmp_path):
+    """The user's run declares its own x axis and logs around the optimizer: as the Hugging Face
+    callback does (``define_metric("*", step_metric="train/global_step", step_sync=True)``, rows
+    with evaluation between them), with explicit ``step=`` values ahead of the optimizer's (which
+    made W&B drop the monitor's rows when it logged with ``step=``), or twice per iteration
+    without a step. Every monitor row is kept, at its own optimizer step."""
+    run = wandb.init(project="user-project")
+    if user == "hf-callback":
+        run.define_metric("train/global_step")
+        run.define_metric("*", step_metric="train/global_step", step_sync=True)
+    problem = models.mlp()
+    opt = Monitored(torch.optim.AdamW)(problem.groups, lr=1e-2, monitor=MonitorConfig(
+        backend="wandb", logdir=tmp_path / "run", every=1))
+    for i in range(1, 21):
+        opt.zero_grad()
+        problem.loss(i).backward()
+        opt.step()
+        if user == "hf-callback":
+            run.log({"train/loss": 1.0 / i, "train/global_step": i})
+            if i % 5 == 0:
+                run.log({"eval/loss": 2.0, "train/global_step": i})
+        elif user == "explicit-steps-ahead":
+            run.log({"train/loss": 1.0 / i}, step=10 * i)
+        else:
+            run.log({"a": float(i)})
+            run.log({"b": float(i)})
+    latest = dict(opt.monitor.latest)
+    opt.monitor.close()
+    run.finish()
+    rows = read_monitor_rows(offline_run(tmp_path))
+    assert sorted(rows) == list(range(1, 21))
+    assert {k: v for k, v in rows[20].items() if k in latest} == pytest.approx(latest, rel=1e-12)
+    definitions = read_metric_definitions(offline_run(tmp_path, teardown=False))
+    assert all(definitions[family] == "optimizer/step" for family in MONITOR_FAMILIES), definitions
 
 
 def test_close_is_idempotent_and_jsonl_appends_one_object_per_step(tmp_path):

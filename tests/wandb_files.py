@@ -42,19 +42,31 @@ def _payloads(data: bytes):
             yield b"".join(parts)
 
 
-def read_history(run_dir: Path) -> dict[int, dict[str, float]]:
-    """``{step: {key: value}}`` of every ``run.log`` in the offline run under ``run_dir``."""
+def _records(run_dir: Path, kind: str):
     (path,) = Path(run_dir).glob("run-*.wandb")
-    history: dict[int, dict[str, float]] = {}
     for payload in _payloads(path.read_bytes()):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(payload)
-        if record.WhichOneof("record_type") != "history":
-            continue
-        items = {}
-        for item in record.history.item:
-            key = item.key or "/".join(item.nested_key)
-            items[key] = json.loads(item.value_json)
-        step = items.pop("_step", record.history.step.num)
-        history[int(step)] = {k: v for k, v in items.items() if not k.startswith("_")}
-    return history
+        if record.WhichOneof("record_type") == kind:
+            yield record
+
+
+def read_rows(run_dir: Path) -> list[dict[str, float]]:
+    """Every history row of the offline run under ``run_dir``, in order, with W&B's ``_step``."""
+    rows = []
+    for record in _records(run_dir, "history"):
+        items = {(item.key or "/".join(item.nested_key)): json.loads(item.value_json) for item in record.history.item}
+        rows.append({k: v for k, v in items.items() if k == "_step" or not k.startswith("_")})
+    return rows
+
+
+def read_monitor_rows(run_dir: Path, step_metric: str = "optimizer/step") -> dict[int, dict[str, float]]:
+    """``{optimizer step: figures}`` of the monitor's rows (those carrying ``step_metric``)."""
+    return {int(row.pop(step_metric)): {k: v for k, v in row.items() if k != "_step"}
+            for row in read_rows(run_dir) if step_metric in row}
+
+
+def read_metric_definitions(run_dir: Path) -> dict[str, str]:
+    """``{name or glob: step metric}`` of every ``define_metric`` in the run."""
+    return {(record.metric.name or record.metric.glob_name): record.metric.step_metric
+            for record in _records(run_dir, "metric")}

@@ -7,24 +7,43 @@ from pathlib import Path
 
 import wandb
 
+STEP_METRIC = "optimizer/step"
+"""The key that carries the monitor's x axis in every row it logs."""
+
 
 class WandbBackend:
-    """Logs each step's figures with ``run.log(metrics, step=step)``: W&B's x axis is the optimizer step.
+    """Logs each step's figures as one row, ``run.log({**metrics, "optimizer/step": step})``.
+
+    The optimizer step is the x axis of the monitor's figures through W&B's convention for several
+    x axes: ``define_metric("optimizer/step")`` and ``define_metric("<family>/*",
+    step_metric="optimizer/step")`` for each family of tags (``update_to_data``, ``global``, ...,
+    or the monitor's ``prefix``). No ``step=`` is passed, so a run shared with the Hugging Face
+    Trainer, Lightning's ``WandbLogger`` or the user's own ``wandb.log`` calls never drops a row for
+    a step that went backwards, and the run's own ``_step`` stays theirs.
 
     An active ``wandb.run`` (the user's) is reused and left open at ``close``; otherwise
     ``wandb.init()`` starts a run configured by W&B's own ``WANDB_*`` variables (``WANDB_PROJECT``,
-    ``WANDB_MODE=offline``, ...) and ``close`` finishes it. Its files go to ``WANDB_DIR`` when that
-    is set, else under ``logdir`` (``<logdir>/wandb/``), next to the other backends' files.
+    ``WANDB_MODE=offline``, ...) and ``close`` finishes it and, when no other run is active, shuts
+    W&B's service down (``wandb.teardown()``), which returns only when the run's files are complete.
+    Its files go to ``WANDB_DIR/wandb/`` when that is set, else to ``<logdir>/wandb/``.
     """
 
     def __init__(self, logdir: Path) -> None:
         self._owned = wandb.run is None
         self._run = wandb.init(dir=None if os.environ.get("WANDB_DIR") else str(logdir)) if self._owned else wandb.run
+        self._run.define_metric(STEP_METRIC)
+        self._families: set[str] = set()
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        self._run.log(metrics, step=step)
+        families = {tag.split("/", 1)[0] for tag in metrics if "/" in tag} - self._families
+        for family in sorted(families):
+            self._run.define_metric(f"{family}/*", step_metric=STEP_METRIC)
+        self._families |= families
+        self._run.log({**metrics, STEP_METRIC: step})
 
     def close(self) -> None:
-        if self._owned and self._run is not None:
-            self._run.finish()
-        self._run = None
+        run, self._run = self._run, None
+        if self._owned and run is not None:
+            run.finish()
+            if wandb.run is None:
+                wandb.teardown()
