@@ -31,7 +31,7 @@ def install() -> None:
         calls = monitor.base_calls if monitor is not None else 0
         out = original(self, optimizer, *args, **kwargs)
         if monitor is not None and monitor.base_calls == calls:
-            monitor.health.skipped_steps += 1
+            monitor.skipped()
         return out
 
     setattr(_maybe_opt_step, _MARK, True)

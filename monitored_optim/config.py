@@ -25,8 +25,12 @@ ENV_LOGDIR = "MONITORED_OPTIM_LOGDIR"
 ENV_EVERY = "MONITORED_OPTIM_EVERY"
 ENV_STRICT = "MONITORED_OPTIM_STRICT"
 ENV_VERIFY = "MONITORED_OPTIM_VERIFY"
+ENV_COUNT = "MONITORED_OPTIM_COUNT"
 DEFAULT_BACKEND = "tensorboard"
 DEFAULT_EVERY = 1
+COUNTS = ("updates", "calls")
+"""What ``MonitorConfig.count`` may count: optimizer updates (default), or ``step()`` calls
+including those an AMP GradScaler skipped."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,13 +59,22 @@ class MonitorConfig:
             update with the clone's, logs ``verify/max_rel_error`` and warns naming any parameter
             beyond tolerance. Run it once after upgrading torch. Environment:
             ``MONITORED_OPTIM_VERIFY``; default off.
-        model: a ``torch.nn.Module`` to watch: each of its trainable parameters that no param
-            group contains is warned about once (same as ``opt.monitor.watch(model)``). Not saved
-            when the optimizer is pickled.
+        model: a ``torch.nn.Module`` to watch (same as ``opt.monitor.watch(model)``): each of its
+            trainable parameters that no param group contains is warned about once, and parameters
+            that a param group holds without a name (bare tensors, as nanoGPT's and the Hugging
+            Face Trainer's groups hold them) are named as ``model.named_parameters()`` names them.
+            Not saved when the optimizer is pickled.
+        count: the x axis, ``opt.monitor.step``: ``"updates"`` (default) counts optimizer updates,
+            so a step that an AMP GradScaler skipped does not count; ``"calls"`` counts every
+            ``scaler.step(opt)`` / ``opt.step()`` call, skipped ones included, which is what the
+            Hugging Face Trainer's and Lightning's global step count. Environment:
+            ``MONITORED_OPTIM_COUNT``.
 
     Raises:
-        ValueError: from :func:`resolve` (at optimizer construction) for a value outside the
-            ranges above, naming the field or variable, the value and what is allowed.
+        ValueError: from :func:`resolve` (at optimizer construction) for a value of the wrong
+            type or outside the ranges above (an explicit field takes Python values: ``every=10``,
+            not ``"10"``; strings are for the environment), naming the field or variable, the value
+            and what is allowed.
     """
 
     backend: str | Sequence[str] | None = None
@@ -71,6 +84,7 @@ class MonitorConfig:
     strict: bool | None = None
     verify: bool | None = None
     model: Any = None
+    count: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +98,7 @@ class Settings:
     prefix: str = ""
     strict: bool = False
     verify: bool = False
+    count: str = "updates"
 
 
 def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = None) -> Settings:
@@ -113,6 +128,8 @@ def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = No
     every, every_src = _pick(config.every, "MonitorConfig.every", env, ENV_EVERY)
     strict, strict_src = _pick(config.strict, "MonitorConfig.strict", env, ENV_STRICT)
     verify, verify_src = _pick(config.verify, "MonitorConfig.verify", env, ENV_VERIFY)
+    count, count_src = _pick(config.count, "MonitorConfig.count", env, ENV_COUNT)
+    _check_types(config)
     return Settings(
         backends=_parse_backends(DEFAULT_BACKEND if backend is None else backend, backend_src),
         logdir=_parse_logdir(logdir, logdir_src) if logdir is not None else default_logdir(),
@@ -120,7 +137,32 @@ def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = No
         prefix=_parse_prefix(config.prefix),
         strict=False if strict is None else _parse_flag(strict, strict_src),
         verify=False if verify is None else _parse_flag(verify, verify_src),
+        count="updates" if count is None else _parse_count(count, count_src),
     )
+
+
+_FIELD_TYPES = {
+    "backend": ((str, list, tuple), f"one of {', '.join(BACKENDS)}, none, as a string (commas between names) "
+                                    "or a list of them"),
+    "logdir": ((str, os.PathLike), "a path (str or os.PathLike)"),
+    "every": ((int,), "an integer >= 1"),
+    "prefix": ((str,), "a string of letters, digits, '_', '.' or '-'"),
+    "strict": ((bool,), "True or False"),
+    "verify": ((bool,), "True or False"),
+    "count": ((str,), f"one of {', '.join(COUNTS)}"),
+}
+"""The Python types each explicit ``MonitorConfig`` field takes, and how the error names them."""
+
+
+def _check_types(config: MonitorConfig) -> None:
+    """Refuse an explicit field of the wrong type (``every="10"``, ``strict="yes"``, ``every=True``)."""
+    for field, (types, allowed) in _FIELD_TYPES.items():
+        value = getattr(config, field)
+        if value is None:
+            continue
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise ValueError(f"MonitorConfig.{field}={value!r} is not valid ({type(value).__name__}): "
+                             f"expected {allowed}")
 
 
 def default_logdir() -> Path:
@@ -186,6 +228,13 @@ def _parse_flag(value: bool | str, source: str) -> bool:
     if text in _TRUE + _FALSE:
         return text in _TRUE
     raise ValueError(f"{source}={value!r} is not a valid flag: expected one of {', '.join(_TRUE + _FALSE)}")
+
+
+def _parse_count(value: str, source: str) -> str:
+    text = str(value).strip().lower()
+    if text not in COUNTS:
+        raise ValueError(f"{source}={value!r} is not a valid step count: expected one of {', '.join(COUNTS)}")
+    return text
 
 
 def _parse_prefix(value: str | None) -> str:

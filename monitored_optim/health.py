@@ -14,7 +14,8 @@ import torch
 from ._warnings import warn
 
 STALE_AFTER = 3
-"""Consecutive logging steps a parameter with a gradient may stay exactly unchanged before a warning.
+"""Consecutive logging steps a parameter with a gradient may stay exactly unchanged (or a parameter
+may have no gradient) before a warning.
 
 Three logging steps tell a frozen-by-mistake or lost-to-rounding parameter from a single step that
 happened to leave it alone (Rprop's suppressed steps, a zero gradient row)."""
@@ -47,6 +48,7 @@ class Health:
     def __init__(self) -> None:
         self.skipped_steps = 0
         self._unchanged_streak: dict[str, int] = {}
+        self._no_grad_streak: dict[str, int] = {}
         self._told: set[tuple[str, str]] = set()
 
     def figures(self, params: list[ParamHealth], step: int) -> dict[str, float]:
@@ -58,6 +60,7 @@ class Health:
         """
         self._warn_nonfinite(params, step)
         self._warn_unchanged(params, step)
+        self._warn_no_grad(params, step)
         return {
             "health/no_grad": float(sum(not p.has_grad for p in params)),
             "health/unchanged": float(sum(p.unchanged for p in params)),
@@ -94,6 +97,15 @@ class Health:
                 self._once("unchanged", p.name, f"monitored_optim: parameter {p.name!r} has a gradient but "
                            f"has not changed for {streak} logging steps (step {step}): a zero gradient "
                            "(dead ReLU), a zero learning rate, or updates lost to bf16/fp16 rounding")
+
+    def _warn_no_grad(self, params: list[ParamHealth], step: int) -> None:
+        for p in params:
+            streak = self._no_grad_streak.get(p.name, 0) + 1 if not p.has_grad else 0
+            self._no_grad_streak[p.name] = streak
+            if streak >= STALE_AFTER:
+                self._once("no_grad", p.name, f"monitored_optim: parameter {p.name!r} has had no gradient for "
+                           f"{streak} logging steps (step {step}): frozen by mistake, or a layer that forward "
+                           "never uses; unfreeze it or leave it out of the optimizer")
 
     def _once(self, kind: str, name: str, message: str) -> None:
         if (kind, name) not in self._told:

@@ -72,8 +72,10 @@ class Monitor:
     Reached as ``opt.monitor`` on a ``Monitored(...)`` optimizer; users do not build it.
 
     Attributes:
-        step: optimizer steps completed (int; the first ``step()`` makes it 1; AMP-skipped steps do
-            not count). The x axis of every logged figure.
+        step: optimizer steps completed (int; the first ``step()`` makes it 1; AMP-skipped steps
+            count only with ``MonitorConfig(count="calls")``). The x axis of every logged figure.
+            May be set (an int >= 0), to continue the axis of a checkpoint that has no step count;
+            setting it below a step already logged warns once.
         latest: ``dict[str, float]``, tag -> value of the last logging step (empty before it).
         settings: the checked :class:`~monitored_optim.config.Settings`.
         health: the :class:`~monitored_optim.health.Health` tracker (``health.skipped_steps``).
@@ -92,13 +94,16 @@ class Monitor:
             _make_logdir(self.settings)
         self.view: View = view_for(optimizer_cls)
         self._closure_first = _closure_is_first(optimizer_cls)
-        self.step = 0
+        self._step = 0
+        self._logged = 0
+        self._told_back = False
         self.base_calls = 0
         self.latest: dict[str, float] = {}
         self.health = Health()
         self._backends = Fanout(self.settings.backends, self.settings.logdir, self.settings.strict)
         self._optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None
         self._watched: list[weakref.ref[torch.nn.Module]] = []
+        self._model_names: dict[int, str] = {}
         self._warned_unnamed = False
         self._verify_told: set[str] = set()
         self._centre: dict[tuple[str, str], bool] = {}
@@ -107,21 +112,49 @@ class Monitor:
         _ALL.add(self)
         amp.install()
 
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed: the x axis of every logged figure (see the class docstring)."""
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"opt.monitor.step={value!r} is not valid: expected an integer >= 0")
+        if value < self._logged and not self._told_back:
+            self._told_back = True
+            warn(f"monitored_optim: the monitor's step moves back from {self._step} to {value}, below step "
+                 f"{self._logged} that it already logged, so figures will be logged again at steps already "
+                 "used; set opt.monitor.step to the step your checkpoint was saved at", RuntimeWarning)
+        self._step = value
+
+    def skipped(self) -> None:
+        """Count a step that an AMP GradScaler skipped (``health/skipped_steps``, and the step itself
+        when ``count="calls"``)."""
+        self.health.skipped_steps += 1
+        if self.settings.count == "calls":
+            self._step += 1
+
     def attach(self, optimizer: torch.optim.Optimizer) -> None:
-        """Bind to the optimizer once it is built: warn about unnamed parameters, watch ``config.model``."""
+        """Bind to the optimizer once it is built: watch ``config.model``, warn about unnamed
+        parameters, find near-constant matrices."""
         self._optimizer = weakref.ref(optimizer)
-        if not self._warned_unnamed and any(not g.get("param_names") for g in optimizer.param_groups):
+        if self.config is not None and self.config.model is not None:
+            self.watch(self.config.model)
+        known = self._model_names
+        if not self._warned_unnamed and any(not g.get("param_names") and any(id(p) not in known for p in g["params"])
+                                            for g in optimizer.param_groups):
             self._warned_unnamed = True
             warn("monitored_optim: the optimizer's parameters have no names, so figures are logged as "
                  "param0, param1, ...; pass model.named_parameters() (or param groups whose 'params' are "
-                 "(name, tensor) pairs) to log them by name")
-        if self.config is not None and self.config.model is not None:
-            self.watch(self.config.model)
-        self._risky.update(name for group, names in zip(optimizer.param_groups, _names(optimizer))
+                 "(name, tensor) pairs), or MonitorConfig(model=model), to log them by name")
+        self._risky.update(name for group, names in zip(optimizer.param_groups, _names(optimizer, known))
                            for name, near in zip(names, capture.near_constant(group["params"])) if near)
 
     def watch(self, model: torch.nn.Module) -> list[str]:
-        """Warn once about each trainable parameter of ``model`` that no param group holds.
+        """Warn once about each trainable parameter of ``model`` that no param group holds, and
+        name the parameters that param groups hold without names as ``model.named_parameters()``
+        does (a tied weight under its first name).
 
         Checked now and again at every logging step (param groups can be added later).
 
@@ -134,6 +167,8 @@ class Monitor:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"watch() expects a torch.nn.Module, got {type(model).__name__}")
         self._watched.append(weakref.ref(model))
+        for name, p in model.named_parameters():
+            self._model_names.setdefault(id(p), name)
         optimizer = self._optimizer()
         return self.health.check_watched(model, optimizer) if optimizer is not None else []
 
@@ -146,12 +181,12 @@ class Monitor:
         found_inf = getattr(optimizer, "found_inf", None)
         if found_inf is not None and bool(found_inf):  # a fused optimizer under GradScaler, skipped
             self.base_calls += 1
-            self.health.skipped_steps += 1
+            self.skipped()
             return step_fn(optimizer, *args, **kwargs)
-        if (self.step + 1) % self.settings.every:
+        if (self._step + 1) % self.settings.every:
             self.base_calls += 1
             out = step_fn(optimizer, *args, **kwargs)
-            self.step += 1
+            self._step += 1
             return out
         sharding = distributed.sharding(optimizer)  # None outside torch.distributed
         batch = stats.Batch()
@@ -162,7 +197,7 @@ class Monitor:
         args, kwargs = _record_grads_after_closure(entries, batch, args, kwargs, self._closure_first)
         self.base_calls += 1
         out = step_fn(optimizer, *args, **kwargs)
-        self.step += 1
+        self._step += 1
         self._log(self._figures(optimizer, entries, batch, sharding))
         return out
 
@@ -170,6 +205,7 @@ class Monitor:
         """Flush and close every backend (idempotent; also run at interpreter exit)."""
         self._backends.close()
         _OPEN.discard(self)
+        _ALL.discard(self)  # a monitor resumed into the same logdir after this one is no clash
 
     @torch.no_grad()
     def _before(self, optimizer: torch.optim.Optimizer, batch: stats.Batch,
@@ -179,7 +215,7 @@ class Monitor:
         entries = []
         storages = capture.storages(p for group in optimizer.param_groups for p in group["params"])
         cut = split and elementwise(self.view)
-        for group, names in zip(optimizer.param_groups, _names(optimizer)):
+        for group, names in zip(optimizer.param_groups, _names(optimizer, self._model_names)):
             for name, p in zip(names, group["params"]):
                 if not (p.is_floating_point() or p.is_complex()):
                     continue  # integer tensors (frozen quantized weights) are never stepped
@@ -323,13 +359,16 @@ class Monitor:
     def _log(self, figures: dict[str, float]) -> None:
         prefix = self.settings.prefix
         self.latest = {prefix + tag: value for tag, value in figures.items()} if prefix else figures
+        self._logged = self._step
+        _ALL.add(self)
         if distributed.is_writer():  # under torch.distributed only rank 0 opens and writes backends
             _OPEN.add(self)
             self._backends.log(self.latest, self.step)
 
 
-def _names(optimizer: torch.optim.Optimizer) -> list[list[str]]:
-    """Each group's ``param_names``, or ``param{k}`` numbered across groups where there are none.
+def _names(optimizer: torch.optim.Optimizer, known: dict[int, str] | None = None) -> list[list[str]]:
+    """Each group's ``param_names``, else each parameter's name in ``known`` (id -> name from a
+    watched model), else ``param{k}`` numbered across groups.
 
     A name given twice (two modules' ``named_parameters()`` in two groups both say ``weight``) gets
     ``@group{i}`` appended where it repeats, so that no figure overwrites another.
@@ -337,7 +376,7 @@ def _names(optimizer: torch.optim.Optimizer) -> list[list[str]]:
     names, k, seen = [], 0, set()
     for i, group in enumerate(optimizer.param_groups):
         given = group.get("param_names")
-        own = list(given) if given else [f"param{k + j}" for j in range(len(group["params"]))]
+        own = list(given) if given else [(known or {}).get(id(p), f"param{k + j}") for j, p in enumerate(group["params"])]
         own = [n if n not in seen else f"{n}@group{i}" for n in own]
         seen.update(own)
         names.append(own)

@@ -104,6 +104,10 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
         base.load_state_dict(self, state_dict)
         if "_monitor" in vars(self):
             self._monitor.step = int(saved["step"]) if saved else _step_from_state(self, self._monitor.step)
+            if not saved and self._monitor.step == 0 and any(self.state.values()):
+                warn("monitored_optim: the loaded state dict has optimizer state but no step count (a plain "
+                     f"{base.__name__} checkpoint keeps none), so the monitor's x axis starts again at step 1; "
+                     "set opt.monitor.step to the step the checkpoint was saved at to continue it", RuntimeWarning)
 
     def _get_monitor(self) -> Monitor:
         """The :class:`~monitored_optim.monitor.Monitor` of this optimizer (step count, latest figures)."""

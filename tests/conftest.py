@@ -7,7 +7,8 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _isolated_environment(monkeypatch, tmp_path):
-    for var in ("MONITORED_OPTIM_BACKEND", "MONITORED_OPTIM_LOGDIR", "MONITORED_OPTIM_EVERY"):
+    for var in ("MONITORED_OPTIM_BACKEND", "MONITORED_OPTIM_LOGDIR", "MONITORED_OPTIM_EVERY", "MONITORED_OPTIM_COUNT",
+                "MONITORED_OPTIM_STRICT", "MONITORED_OPTIM_VERIFY"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

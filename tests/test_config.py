@@ -26,6 +26,7 @@ def build(**config):
     ("MONITORED_OPTIM_EVERY", "-3", "integer >= 1"),
     ("MONITORED_OPTIM_EVERY", "ten", "integer >= 1"),
     ("MONITORED_OPTIM_EVERY", "2.5", "integer >= 1"),
+    ("MONITORED_OPTIM_COUNT", "steps", "updates, calls"),
 ])
 def test_bad_environment_raises_at_construction(monkeypatch, var, value, allowed):
     monkeypatch.setenv(var, value)
@@ -42,6 +43,13 @@ def test_bad_environment_raises_at_construction(monkeypatch, var, value, allowed
     ("every", 0, "integer >= 1"),
     ("every", True, "integer >= 1"),
     ("every", 1.5, "integer >= 1"),
+    ("every", "10", "integer >= 1"),
+    ("strict", "yes", "True or False"),
+    ("verify", 1, "True or False"),
+    ("logdir", 3, "a path"),
+    ("prefix", 7, "letters, digits"),
+    ("count", "steps", "updates, calls"),
+    ("count", 1, "updates, calls"),
 ])
 def test_bad_explicit_config_raises(field, value, allowed):
     with pytest.raises(ValueError) as err:

@@ -60,6 +60,7 @@ def test_verify_mode_agrees_for_builtin_views(cls, kwargs, monkeypatch):
     assert opt.monitor.settings.verify
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", "monitored_optim. parameter 'unused", RuntimeWarning)  # the model's unused layer
         for i in range(3):
             opt.zero_grad()
             problem.loss(i).backward()
