@@ -176,6 +176,11 @@ class Monitor:
             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Call ``step_fn(optimizer, *args, **kwargs)`` (the unhooked base step) once and monitor it.
 
+        Under ``torch.compile(opt.step)`` a non-logging step traces to the plain optimizer's graph;
+        a logging step runs the capture before and after the base step outside the compiled graphs
+        (``torch.compiler.disable``), while the base step itself stays compiled, so the trajectory
+        is the plain compiled optimizer's.
+
         Returns what the base step returns (the closure's loss, if any).
         """
         found_inf = getattr(optimizer, "found_inf", None)
@@ -188,6 +193,17 @@ class Monitor:
             out = step_fn(optimizer, *args, **kwargs)
             self._step += 1
             return out
+        entries, batch, sharding, args, kwargs = self._prepare(optimizer, args, kwargs)
+        self.base_calls += 1
+        out = step_fn(optimizer, *args, **kwargs)
+        self._finish(optimizer, entries, batch, sharding)
+        return out
+
+    @torch.compiler.disable
+    def _prepare(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+                 ) -> tuple[list[_Entry], stats.Batch, distributed.Sharding | None, tuple[Any, ...], dict[str, Any]]:
+        """Before the base step of a logging step: the entries, their snapshots and the sums of
+        p_before and the grads (a closure's, where the step takes one)."""
         sharding = distributed.sharding(optimizer)  # None outside torch.distributed
         batch = stats.Batch()
         entries = self._before(optimizer if sharding is None else sharding.local, batch,
@@ -195,11 +211,14 @@ class Monitor:
         if sharding is not None:  # views that are not element-wise cannot rebuild a shard's update
             sharding.clone_where_needed(entries, self.view)
         args, kwargs = _record_grads_after_closure(entries, batch, args, kwargs, self._closure_first)
-        self.base_calls += 1
-        out = step_fn(optimizer, *args, **kwargs)
+        return entries, batch, sharding, args, kwargs
+
+    @torch.compiler.disable
+    def _finish(self, optimizer: torch.optim.Optimizer, entries: list[_Entry], batch: stats.Batch,
+                sharding: distributed.Sharding | None) -> None:
+        """After the base step of a logging step: count it, then measure and deliver its figures."""
         self._step += 1
         self._log(self._figures(optimizer, entries, batch, sharding))
-        return out
 
     def close(self) -> None:
         """Flush and close every backend (idempotent; also run at interpreter exit)."""
