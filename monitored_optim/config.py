@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import fnmatch
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,19 @@ ENV_EVERY = "MONITORED_OPTIM_EVERY"
 ENV_STRICT = "MONITORED_OPTIM_STRICT"
 ENV_VERIFY = "MONITORED_OPTIM_VERIFY"
 ENV_COUNT = "MONITORED_OPTIM_COUNT"
+ENV_PARAMS = "MONITORED_OPTIM_PARAMS"
+ENV_FIGURES = "MONITORED_OPTIM_FIGURES"
+ENV_TAG_BUDGET = "MONITORED_OPTIM_TAG_BUDGET"
+DEFAULT_TAG_BUDGET = 2000
+FAMILIES = ("update_to_data", "grad_to_data", "norms", "lr", "health", "update_lost")
+"""Figure families ``MonitorConfig.figures`` chooses from: ``norms`` are ``update_norm``,
+``grad_norm``, ``param_norm`` and ``global/*``; the others are their tag prefixes."""
+
+
+def family(tag: str) -> str:
+    """The figure family of a tag without prefix (``update_norm/fc1.weight`` -> ``norms``)."""
+    head = tag.split("/", 1)[0]
+    return "norms" if head in ("update_norm", "grad_norm", "param_norm", "global") else head
 DEFAULT_BACKEND = "tensorboard"
 DEFAULT_EVERY = 1
 COUNTS = ("updates", "calls")
@@ -64,6 +78,20 @@ class MonitorConfig:
             that a param group holds without a name (bare tensors, as nanoGPT's and the Hugging
             Face Trainer's groups hold them) are named as ``model.named_parameters()`` names them.
             Not saved when the optimizer is pickled.
+        params: which parameters are monitored: a glob on parameter names (``fnmatch`` rules,
+            ``"transformer.h.3.*"``), a list of globs, where one starting with ``!`` leaves out what
+            it matches, or a callable ``(name, param) -> bool``. Default: all. A parameter left out
+            costs nothing on any step and appears in no tag; ``health/*`` counts what is
+            monitored. Environment: ``MONITORED_OPTIM_PARAMS`` (comma-separated globs).
+        exclude: globs of parameter names to leave out (as ``!`` globs in ``params``).
+        figures: which figure families are computed and sent: a comma-separated string or a list
+            from ``update_to_data``, ``grad_to_data``, ``norms``, ``lr``, ``health``,
+            ``update_lost``, or ``"all"`` (default). Environment: ``MONITORED_OPTIM_FIGURES``.
+        tag_budget: the most tags one logging step sends to TensorBoard and W&B (int >= 1,
+            default 2000); above it, parameters whose names differ only in a layer index are sent
+            as min, median and max over depth (see the README's "Many parameters"), while
+            ``metrics.jsonl`` keeps every per-parameter figure. Environment:
+            ``MONITORED_OPTIM_TAG_BUDGET``.
         count: the x axis, ``opt.monitor.step``: ``"updates"`` (default) counts optimizer updates,
             so a step that an AMP GradScaler skipped does not count; ``"calls"`` counts every
             ``scaler.step(opt)`` / ``opt.step()`` call, skipped ones included, which is what the
@@ -85,6 +113,10 @@ class MonitorConfig:
     verify: bool | None = None
     model: Any = None
     count: str | None = None
+    params: str | Sequence[str] | Callable[[str, torch.Tensor], bool] | None = None
+    exclude: str | Sequence[str] | None = None
+    figures: str | Sequence[str] | None = None
+    tag_budget: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +131,9 @@ class Settings:
     strict: bool = False
     verify: bool = False
     count: str = "updates"
+    select: Callable[[str, torch.Tensor], bool] = lambda name, p: True
+    figures: frozenset[str] = frozenset(FAMILIES)
+    tag_budget: int = DEFAULT_TAG_BUDGET
 
 
 def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = None) -> Settings:
@@ -129,6 +164,9 @@ def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = No
     strict, strict_src = _pick(config.strict, "MonitorConfig.strict", env, ENV_STRICT)
     verify, verify_src = _pick(config.verify, "MonitorConfig.verify", env, ENV_VERIFY)
     count, count_src = _pick(config.count, "MonitorConfig.count", env, ENV_COUNT)
+    params, params_src = _pick(config.params, "MonitorConfig.params", env, ENV_PARAMS)
+    figures, figures_src = _pick(config.figures, "MonitorConfig.figures", env, ENV_FIGURES)
+    budget, budget_src = _pick(config.tag_budget, "MonitorConfig.tag_budget", env, ENV_TAG_BUDGET)
     _check_types(config)
     return Settings(
         backends=_parse_backends(DEFAULT_BACKEND if backend is None else backend, backend_src),
@@ -138,6 +176,9 @@ def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = No
         strict=False if strict is None else _parse_flag(strict, strict_src),
         verify=False if verify is None else _parse_flag(verify, verify_src),
         count="updates" if count is None else _parse_count(count, count_src),
+        select=_parse_selection(params, params_src, config.exclude),
+        figures=frozenset(FAMILIES) if figures is None else _parse_figures(figures, figures_src),
+        tag_budget=DEFAULT_TAG_BUDGET if budget is None else _parse_budget(budget, budget_src),
     )
 
 
@@ -150,6 +191,10 @@ _FIELD_TYPES = {
     "strict": ((bool,), "True or False"),
     "verify": ((bool,), "True or False"),
     "count": ((str,), f"one of {', '.join(COUNTS)}"),
+    "params": ((str, list, tuple), "a glob, a list of globs ('!' to leave out) or a callable (name, param) -> bool"),
+    "exclude": ((str, list, tuple), "a glob or a list of globs"),
+    "figures": ((str, list, tuple), f"'all' or some of {', '.join(FAMILIES)}"),
+    "tag_budget": ((int,), "an integer >= 1"),
 }
 """The Python types each explicit ``MonitorConfig`` field takes, and how the error names them."""
 
@@ -158,7 +203,7 @@ def _check_types(config: MonitorConfig) -> None:
     """Refuse an explicit field of the wrong type (``every="10"``, ``strict="yes"``, ``every=True``)."""
     for field, (types, allowed) in _FIELD_TYPES.items():
         value = getattr(config, field)
-        if value is None:
+        if value is None or (field == "params" and callable(value)):
             continue
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             raise ValueError(f"MonitorConfig.{field}={value!r} is not valid ({type(value).__name__}): "
@@ -235,6 +280,46 @@ def _parse_count(value: str, source: str) -> str:
     if text not in COUNTS:
         raise ValueError(f"{source}={value!r} is not a valid step count: expected one of {', '.join(COUNTS)}")
     return text
+
+
+def _globs(value: str | Sequence[str], source: str) -> list[str]:
+    items = value.split(",") if isinstance(value, str) else list(value)
+    if not all(isinstance(g, str) and g.strip() for g in items) or not items:
+        raise ValueError(f"{source}={value!r} is not valid: expected a glob on parameter names or a list of them")
+    return [g.strip() for g in items]
+
+
+def _parse_selection(params: Any, source: str, exclude: Any) -> Callable[[str, torch.Tensor], bool]:
+    """The predicate ``(name, param) -> bool`` of ``params`` and ``exclude`` (see :class:`MonitorConfig`)."""
+    out = [] if exclude is None else _globs(exclude, "MonitorConfig.exclude")
+    if callable(params):
+        return lambda name, p: bool(params(name, p)) and not any(fnmatch.fnmatchcase(name, g) for g in out)
+    globs = [] if params is None else _globs(params, source)
+    out += [g[1:] for g in globs if g.startswith("!")]
+    keep = [g for g in globs if not g.startswith("!")]
+    return lambda name, p: ((not keep or any(fnmatch.fnmatchcase(name, g) for g in keep))
+                            and not any(fnmatch.fnmatchcase(name, g) for g in out))
+
+
+def _parse_figures(value: str | Sequence[str], source: str) -> frozenset[str]:
+    names = [n.strip().lower() for n in (value.split(",") if isinstance(value, str) else value)]
+    if names == ["all"]:
+        return frozenset(FAMILIES)
+    bad = [n for n in names if n not in FAMILIES]
+    if bad or not names:
+        raise ValueError(f"{source}={value!r} is not valid ({bad[0]!r} is unknown): expected 'all' or some of "
+                         f"{', '.join(FAMILIES)}" if bad else f"{source}={value!r} names no figure family")
+    return frozenset(names)
+
+
+def _parse_budget(value: int | str, source: str) -> int:
+    try:
+        budget = int(str(value).strip()) if not isinstance(value, bool) else 0
+    except ValueError:
+        budget = 0
+    if budget < 1:
+        raise ValueError(f"{source}={value!r} is not a valid tag budget: expected an integer >= 1")
+    return budget
 
 
 def _parse_prefix(value: str | None) -> str:

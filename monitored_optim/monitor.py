@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import amp, capture, distributed, stats
+from . import amp, capture, distributed, grouping, stats
 from ._warnings import warn
 from .backends import Fanout
-from .config import MonitorConfig, Settings, resolve
+from .config import MonitorConfig, Settings, family, resolve
 from .health import Health, ParamHealth
 from .updates import Cloned, Rows, View, elementwise, raw_step, rebuild, view_for
 
@@ -97,6 +97,7 @@ class Monitor:
         self._step = 0
         self._logged = 0
         self._told_back = False
+        self._told_budget = False
         self.base_calls = 0
         self.latest: dict[str, float] = {}
         self.health = Health()
@@ -148,8 +149,9 @@ class Monitor:
             warn("monitored_optim: the optimizer's parameters have no names, so figures are logged as "
                  "param0, param1, ...; pass model.named_parameters() (or param groups whose 'params' are "
                  "(name, tensor) pairs), or MonitorConfig(model=model), to log them by name")
-        self._risky.update(name for group, names in zip(optimizer.param_groups, _names(optimizer, known))
-                           for name, near in zip(names, capture.near_constant(group["params"])) if near)
+        for group, names in zip(optimizer.param_groups, _names(optimizer, known)):
+            chosen = [(n, p) for n, p in zip(names, group["params"]) if self.settings.select(n, p)]
+            self._risky.update(n for (n, _), near in zip(chosen, capture.near_constant([p for _, p in chosen])) if near)
 
     def watch(self, model: torch.nn.Module) -> list[str]:
         """Warn once about each trainable parameter of ``model`` that no param group holds, and
@@ -236,8 +238,8 @@ class Monitor:
         cut = split and elementwise(self.view)
         for group, names in zip(optimizer.param_groups, _names(optimizer, self._model_names)):
             for name, p in zip(names, group["params"]):
-                if not (p.is_floating_point() or p.is_complex()):
-                    continue  # integer tensors (frozen quantized weights) are never stepped
+                if not (p.is_floating_point() or p.is_complex()) or not self.settings.select(name, p):
+                    continue  # integer tensors (frozen quantized weights) are never stepped; left out
                 reason = capture.snapshot_reason(p, storages.get(_storage(p), 0) > 1, name in self._risky)
                 lead = None
                 for part in capture.parts(p, optimizer.state.get(p, {}), cut):
@@ -248,7 +250,8 @@ class Monitor:
             if e.lead is None:
                 e.slots.update({kind: batch.slot() for kind in _KINDS})
         _record(batch, entries, "p", [e.p for e in entries], self._centring(entries, "p"))
-        _record_grads(batch, entries, grad_scale, self._centring(entries, "grad"))
+        if self.settings.figures & {"grad_to_data", "norms", "health"}:
+            _record_grads(batch, entries, grad_scale, self._centring(entries, "grad"))
         return entries
 
     def _entry(self, name: str, group: dict[str, Any], part: capture.Part, reason: str | None,
@@ -297,6 +300,7 @@ class Monitor:
         records = _health_records(entries, hosted, table)
         figures.update(_learning_rates(optimizer))
         figures.update(self.health.figures(records, self.step))
+        figures = {tag: value for tag, value in figures.items() if family(tag) in self.settings.figures}
         if errors:
             figures["verify/max_rel_error"] = max(errors)
         for model in (ref() for ref in self._watched):
@@ -382,7 +386,15 @@ class Monitor:
         _ALL.add(self)
         if distributed.is_writer():  # under torch.distributed only rank 0 opens and writes backends
             _OPEN.add(self)
-            self._backends.log(self.latest, self.step)
+            compact = None
+            if len(self.latest) > self.settings.tag_budget:
+                compact = grouping.summarize(self.latest, prefix)
+                if len(compact) > self.settings.tag_budget and not self._told_budget:
+                    self._told_budget = True
+                    warn(f"monitored_optim: {len(compact)} tags per logging step even grouped by depth, above "
+                         f"the tag budget of {self.settings.tag_budget} for TensorBoard and W&B; choose what is "
+                         "monitored with MonitorConfig(params=..., figures=...) or raise tag_budget")
+            self._backends.log(self.latest, self.step, compact)
 
 
 def _names(optimizer: torch.optim.Optimizer, known: dict[int, str] | None = None) -> list[list[str]]:

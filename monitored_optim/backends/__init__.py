@@ -69,13 +69,17 @@ class Fanout:
         self.names, self.logdir, self.strict = names, logdir, strict
         self._open: dict[str, Backend] | None = None
 
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        """Send ``metrics`` at ``step`` to every working backend, opening them the first time."""
+    def log(self, metrics: dict[str, float], step: int, compact: dict[str, float] | None = None) -> None:
+        """Send ``metrics`` at ``step`` to every working backend, opening them the first time.
+
+        ``compact``, when given, goes to TensorBoard and W&B instead (the figures grouped by depth,
+        for a step over the tag budget); ``metrics.jsonl`` always gets ``metrics``."""
         if self._open is None:
             opened = {name: self._guard(name, open_backend, name, self.logdir) for name in self.names}
             self._open = {name: backend for name, backend in opened.items() if backend is not _FAILED}
         for name, backend in list(self._open.items()):
-            if self._guard(name, backend.log, metrics, step) is _FAILED:
+            sent = metrics if compact is None or name == "jsonl" else compact
+            if self._guard(name, backend.log, sent, step) is _FAILED:
                 del self._open[name]
                 try:
                     backend.close()

@@ -1,0 +1,67 @@
+"""Grouping by depth: one series per kind of layer, for runs with more tags than a dashboard can hold.
+
+Parameters whose names differ only in their first numeric component, the layer index
+(``transformer.h.0.attn.c_attn.weight`` ... ``transformer.h.11.attn.c_attn.weight``), form one group
+keyed ``transformer.h.*.attn.c_attn.weight``. For each per-parameter figure ``{family}/{name}`` of
+such a group, :func:`summarize` gives, at one logging step,
+
+    {family}/{key}/min, /median, /max      the figure's minimum, median and maximum over depth
+    {family}/{key}/argmin, /argmax         the layer index where the minimum and maximum are
+
+(the median of an even count is the mean of the middle two, as ``statistics.median``). Parameters
+in no group of two or more, and the figures that are not per parameter (``global/*``, ``lr/*``,
+``health/*``), are passed on as they are.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+
+PER_PARAMETER = ("update_to_data", "grad_to_data", "update_norm", "grad_norm", "param_norm", "update_lost")
+"""Tag families that hold one figure per parameter."""
+
+_INDEX = re.compile(r"(^|\.)(\d+)(\.|$)")
+
+
+def depth_key(name: str) -> tuple[str, int] | None:
+    """``(key, layer index)`` of a parameter name with a numeric component, else None.
+
+    Example: ``depth_key("transformer.h.11.mlp.c_fc.weight") == ("transformer.h.*.mlp.c_fc.weight", 11)``;
+    only the first numeric component is the depth (``layers.3.experts.7.w1`` is layer 3 of
+    ``layers.*.experts.7.w1``).
+    """
+    match = _INDEX.search(name)
+    if match is None:
+        return None
+    return name[:match.start(2)] + "*" + name[match.end(2):], int(match.group(2))
+
+
+def summarize(figures: dict[str, float], prefix: str = "") -> dict[str, float]:
+    """``figures`` with each group of per-parameter figures replaced by its depth summary.
+
+    Args:
+        figures: tag -> value of one logging step (tags as the monitor sends them, with ``prefix``).
+        prefix: the monitor's tag prefix (``""`` or ``"gen/"``).
+
+    Returns:
+        A new dict: the summaries of the module docstring, and every other figure unchanged.
+    """
+    groups: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    for tag in figures:
+        family, _, name = tag[len(prefix):].partition("/")
+        if family in PER_PARAMETER and tag.startswith(prefix):
+            key = depth_key(name)
+            if key is not None:
+                groups.setdefault((family, key[0]), []).append((key[1], tag))
+    grouped = {tag for members in groups.values() if len(members) > 1 for _, tag in members}
+    out = {tag: value for tag, value in figures.items() if tag not in grouped}
+    for (family, key), members in groups.items():
+        if len(members) < 2:
+            continue
+        values = [(figures[tag], index) for index, tag in members]
+        low, high = min(values), max(values)
+        base = f"{prefix}{family}/{key}"
+        out.update({f"{base}/min": low[0], f"{base}/median": statistics.median(v for v, _ in values),
+                    f"{base}/max": high[0], f"{base}/argmin": float(low[1]), f"{base}/argmax": float(high[1])})
+    return out
