@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import functools
 import inspect
+import json
 import math
 import weakref
 from collections.abc import Callable, Iterator
@@ -98,6 +99,7 @@ class Monitor:
         self._logged = 0
         self._told_back = False
         self._told_budget = False
+        self._described: tuple[str, ...] = ()
         self.base_calls = 0
         self.latest: dict[str, float] = {}
         self.health = Health()
@@ -283,6 +285,7 @@ class Monitor:
             self._measure_updates(chunk, [e.part.refresh(state.get(e.part.whole, {})) for e in chunk], batch)
         rows = batch.finish()
         entries = [e for e in entries if e.lead is None]
+        self._describe(entries)
         for e in entries:
             e.pieces.update({kind: rows[slot] for kind, slot in e.slots.items() if rows[slot] is not None})
         if sharding is None:
@@ -378,6 +381,26 @@ class Monitor:
         if truth is not None and self.settings.verify:
             _accumulate(e.owner, "verify", capture.verify_miss(u, truth, meant, p), norms=True)
         return u
+
+    def _describe(self, entries: list[_Entry]) -> None:
+        """Write ``<logdir>/params.json``, each monitored parameter's shape, dtype and kind
+        (``matrix``: ndim >= 2, embeddings included; ``vector``: biases, norm gains, scalars), for
+        the report, when a file backend writes there and the parameters changed since last time.
+        Labels carry the tag prefix; several monitors sharing the logdir merge their entries."""
+        names = tuple(e.name for e in entries)
+        if names == self._described or not {"tensorboard", "jsonl"} & set(self.settings.backends) \
+                or not distributed.is_writer():
+            return
+        self._described = names
+        shapes = {self.settings.prefix + e.name: {"shape": list(e.part.whole.shape), "dtype": str(e.p.dtype)[6:],
+                                                  "kind": "matrix" if e.part.whole.dim() >= 2 else "vector"}
+                  for e in entries}
+        path = self.settings.logdir / "params.json"
+        try:
+            known = json.loads(path.read_text()) if path.exists() else {}
+            path.write_text(json.dumps({**known, **shapes}, indent=1))
+        except (OSError, ValueError) as err:  # the report falls back to names; training goes on
+            warn(f"monitored_optim: cannot write {str(path)!r} ({type(err).__name__}: {err})", RuntimeWarning)
 
     def _log(self, figures: dict[str, float]) -> None:
         prefix = self.settings.prefix

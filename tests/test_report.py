@@ -20,7 +20,7 @@ import models
 import test_backends
 from monitored_optim import Monitored, MonitorConfig
 from monitored_optim.__main__ import main
-from monitored_optim.report import ReportError, load_run, looks_like_matrix, plot_run, summarize
+from monitored_optim.report import Param, ReportError, Run, kind_of, load_run, plot_run, summarize
 
 PARAMS = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "unused.weight", "unused.bias"]
 EXPECTED = "expected a run directory with metrics.jsonl or TensorBoard event files"
@@ -151,7 +151,7 @@ def test_cli_prints_the_table_and_writes_the_plot(both, tmp_path):
     line = next(line for line in out.stdout.splitlines() if " fc1.weight " in line)
     median = statistics.median(row["update_to_data/fc1.weight"] for row in rows)
     assert f"{latest['update_to_data/fc1.weight']:.2f}" in line and f"{median:.2f}" in line
-    assert f"{latest['update_norm/fc1.weight']:.3g}" in line
+    assert f"{statistics.median(row['update_norm/fc1.weight'] for row in rows):.3g}" in line
     order = [next(i for i, line in enumerate(out.stdout.splitlines()) if f" {name} " in line) for name in PARAMS]
     assert order == sorted(order)
     assert "last 7 logged steps (steps 24-30)" in out.stdout
@@ -183,10 +183,17 @@ def test_marks_for_the_band_and_health(tmp_path, capsys):
     assert "below band" in next(line for line in out.splitlines() if " b.weight " in line)
 
 
-def test_matrix_guess_by_name():
-    assert looks_like_matrix("fc1.weight") and looks_like_matrix("transformer.h.0.mlp.c_fc.weight")
-    assert not looks_like_matrix("fc1.bias") and not looks_like_matrix("transformer.h.0.ln_1.weight")
-    assert not looks_like_matrix("encoder.LayerNorm.weight") and not looks_like_matrix("bn1.weight")
+def test_kind_guess_by_name_without_params_json():
+    run = Run(Path("."), "jsonl")
+
+    def kind(name):
+        return kind_of(run, Param("", name))
+
+    assert kind("fc1.weight") == kind("transformer.h.0.mlp.c_fc.weight") == "matrix"
+    assert kind("fc1.bias") == kind("transformer.h.0.ln_1.weight") == "vector"
+    assert kind("encoder.LayerNorm.weight") == kind("bn1.weight") == "vector"
+    run.kinds["1.weight"] = "vector"  # a Sequential's BatchNorm gain: only the shape tells
+    assert kind("1.weight") == "vector"
 
 
 # ---- the plot --------------------------------------------------------------------------------------
@@ -288,3 +295,59 @@ def test_missing_package_names_the_extra(tmp_path, monkeypatch):
 def test_console_script_is_declared():
     (script,) = [ep for ep in metadata.entry_points(group="console_scripts") if ep.name == "monitored-optim"]
     assert script.value == "monitored_optim.__main__:main"
+
+
+# ---- at scale: 6, 50, 300 and 2,000 tensors ------------------------------------------------------
+
+def scaled_run(tmp_path: Path, layers: int, steps: int = 6) -> Path:
+    """A real run of ``layers`` linear layers (2 tensors each) with named depth, random grads."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(6, 6) for _ in range(layers)])
+    opt = Monitored(torch.optim.AdamW)(model.named_parameters(), lr=1e-2, monitor=MonitorConfig(
+        backend="jsonl", logdir=tmp_path / f"run{layers}"))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=gen)
+        opt.step()
+    opt.monitor.close()
+    return tmp_path / f"run{layers}"
+
+
+@pytest.mark.parametrize("layers", [3, 25, 150, 1000], ids=["6", "50", "300", "2000"])
+def test_report_table_heatmap_and_plot_at_scale(layers, tmp_path):
+    from monitored_optim.report import plot_heatmap
+
+    run_dir = scaled_run(tmp_path, layers)
+    out = cli("report", str(run_dir), "--plot", "lines.png", "--heatmap", "heat.png", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    rows = [line for line in lines if line.split()[:1] and line.split()[0].isdigit()]
+    assert len(rows) == 2 * layers and all(line.rstrip().endswith("vector") for line in rows if ".bias" in line)
+    run = load_run(run_dir)
+    assert run.kinds["0.weight"] == "matrix" and run.kinds["0.bias"] == "vector"  # from params.json
+    heat = image.imread(tmp_path / "heat.png")
+    assert heat.shape[1] >= 800 and 400 <= heat.shape[0] <= 16 * 110 + 200
+    assert_real_png(tmp_path / "lines.png")
+    figure = plot_heatmap(run, tmp_path / "again.png")
+    assert figure.exists()
+
+
+def test_plot_params_glob_and_a_glob_that_matches_nothing(tmp_path):
+    run_dir = scaled_run(tmp_path, 25)
+    run = load_run(run_dir)
+    assert_real_png(plot_run(run, tmp_path / "three.png", params="1?.weight"))
+    with pytest.raises(ReportError, match="matches no parameter"):
+        plot_run(run, tmp_path / "none.png", params="layers.*")
+
+
+def test_shorten_keeps_the_layer_index_and_the_end():
+    from monitored_optim.report import shorten
+
+    assert shorten("transformer.h.11.attn.c_attn.weight", 26) == "tran…11.attn.c_attn.weight"
+    name = "transformer.h.11.attn.c_attn.weight"
+    for width in (12, 20, 26, 34):
+        short = shorten(name, width)
+        assert len(short) <= width and "11" in short and short.endswith("weight"), short
+    assert shorten("fc1.weight", 20) == "fc1.weight"

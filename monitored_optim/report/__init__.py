@@ -1,6 +1,6 @@
 """Read a run back and report it: a per-layer table and the update-to-data plot.
 
-    python -m monitored_optim report RUN_DIR [--plot FILE.png] [--last N]
+    python -m monitored_optim report RUN_DIR [--plot FILE.png] [--params GLOB] [--heatmap FILE.png] [--last N]
 
 Modules, one concern each, in the order data flows:
 
@@ -8,7 +8,8 @@ Modules, one concern each, in the order data flows:
   files (``tensorboard`` package).
 - ``summary``: ``summarize(run, last) -> Summary``, latest values, medians and marks per parameter.
 - ``table``: ``print_report(summary)`` renders it with ``rich``.
-- ``plot``: ``plot_run(run, path)`` draws it with matplotlib (Agg).
+- ``plot``: ``plot_run(run, path)`` (a few parameters' lines and the global norms) and
+  ``plot_heatmap(run, path)`` (every parameter) draw it with matplotlib (Agg).
 
 The optional packages (``tensorboard``, ``rich``, ``matplotlib``) come with
 ``pip install 'monitored_optim[report]'``; they are imported only when needed, and a missing one
@@ -23,11 +24,12 @@ Example::
 """
 
 from .errors import ReportError
-from .plot import looks_like_matrix, plot_run
+from .plot import plot_heatmap, plot_run
 from .read import Run, load_run
-from .summary import HEALTHY_BAND, REFERENCE, Count, Figure, Layer, Param, Summary, parameters, split_tag, summarize
-from .table import print_report, render
+from .summary import (HEALTHY_BAND, REFERENCE, Count, Figure, Layer, Param, Summary, kind_of, parameters, split_tag,
+                      summarize)
+from .table import print_report, render, shorten
 
 __all__ = ["HEALTHY_BAND", "REFERENCE", "Count", "Figure", "Layer", "Param", "ReportError", "Run", "Summary",
-           "load_run", "looks_like_matrix", "parameters", "plot_run", "print_report", "render", "split_tag",
-           "summarize"]
+           "kind_of", "load_run", "parameters", "plot_heatmap", "plot_run", "print_report", "render", "shorten",
+           "split_tag", "summarize"]

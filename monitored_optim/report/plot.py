@@ -1,4 +1,5 @@
-"""The report plot: update-to-data ratio against step per parameter, and the global norms.
+"""The report's pictures: the update-to-data lines of a few parameters with the global norms, and a
+heatmap of every parameter's update-to-data ratio over the logged steps.
 
 Drawn with matplotlib's object API on an Agg canvas (no ``pyplot``, no global backend switch), so it
 works headless and inside a process that uses another matplotlib backend.
@@ -6,79 +7,131 @@ works headless and inside a process that uses another matplotlib backend.
 
 from __future__ import annotations
 
+import fnmatch
 import math
-import re
-from collections.abc import Callable
+import statistics
 from pathlib import Path
 
+from ..grouping import depth_key
 from .errors import ReportError, require
 from .read import Run
-from .summary import HEALTHY_BAND, REFERENCE, Param, parameters
+from .summary import HEALTHY_BAND, REFERENCE, Param, kind_of, parameters
 
-_VECTOR_LEAVES = {"bias", "b", "gamma", "beta", "scale", "shift"}
-_NORM_MODULE = re.compile(r"norm|^ln(_?\w*)?$|^bn\d*$", re.IGNORECASE)
-LEGEND_ROWS = 26
-"""Legend entries per column; more parameters add columns to the right of the axes."""
-
-
-def looks_like_matrix(name: str) -> bool:
-    """Guess from a parameter's name whether it is a weight matrix (2-D or more) or a vector.
-
-    The logs hold no shapes, so the plot goes by name: biases (``*.bias``) and the parameters of
-    normalization layers (``*norm*.weight``, ``ln_1.weight``, ``bn1.weight``, ``gamma``, ``beta``,
-    ``scale``) count as vectors; everything else as a matrix. Pass ``matrix=`` to :func:`plot_run`
-    to decide exactly.
-
-    Returns:
-        ``True`` for a presumed matrix, ``False`` for a presumed vector.
-    """
-    *modules, leaf = name.split(".")
-    if leaf.lower() in _VECTOR_LEAVES or "norm" in leaf.lower():
-        return False
-    return not any(_NORM_MODULE.search(m) for m in modules)
+LINES = 10
+"""Parameters the line plot draws by default: the matrices with the highest and the lowest median
+update-to-data ratio (half each), so that every curve has its own colour and legend entry."""
 
 
-def plot_run(run: Run, path: str | Path, *, matrix: Callable[[str], bool] | None = None,
-             dpi: int = 110) -> Path:
-    """Draw the run and save it as an image at ``path`` (format from the suffix, e.g. ``.png``).
+def plot_run(run: Run, path: str | Path, *, params: str | None = None, dpi: int = 110) -> Path:
+    """Draw the update-to-data ratio of a few parameters and the global norms; save it at ``path``
+    (format from the suffix, e.g. ``.png``).
 
-    Top panel: ``[prefix/]update_to_data/{name}`` (log10 of std(update) / std(weights)) against
-    optimizer step for every parameter, in layer order; weight matrices as thick solid lines,
-    vectors (biases, norms) thin and faded in their layer's colour; the healthy band [-4, -2]
-    shaded and the -3 reference dashed. The legend sits outside the axes, in small type, one column per
-    :data:`LEGEND_ROWS` parameters. Bottom panel: ``global/grad_norm`` and ``global/update_norm``
-    (L2 norms over all monitored parameters; one pair per tag prefix) on a log scale; non-positive
-    values are left out.
+    Top panel: ``[prefix/]update_to_data/{name}`` (log10 of std(update) / std(weights)) against the
+    optimizer step for the chosen parameters, each in its own colour: matrices (ndim >= 2) as
+    thick solid lines, vectors (biases, norm gains) thin and dashed, by the shapes in the run's
+    ``params.json`` (else guessed from the names, :func:`~monitored_optim.report.summary.kind_of`);
+    the healthy band [-4, -2] shaded and the -3 reference dashed; the legend below the axes.
+    Bottom panel: ``global/grad_norm`` and ``global/update_norm`` (L2 norms over all monitored
+    parameters; one pair per tag prefix) on a log scale; non-positive values are left out.
 
     Args:
         run: a run from :func:`~monitored_optim.report.read.load_run`.
         path: the image file to write; its directory must exist.
-        matrix: ``name -> bool`` (the name without tag prefix), whether a parameter is a weight
-            matrix, drawn prominently; default :func:`looks_like_matrix`.
+        params: a glob on parameter labels (``"transformer.h.3.*"``; ``fnmatch`` rules) choosing the
+            parameters drawn; default: the :data:`LINES` matrices with the highest and lowest median
+            ratio over the run (every parameter when there are no more than :data:`LINES`).
         dpi: resolution of the saved image.
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ReportError: matplotlib is not installed, or the file cannot be written.
+        ReportError: matplotlib is not installed, ``params`` matches no parameter with a ratio, or
+            the file cannot be written.
     """
     require("matplotlib", "matplotlib")
+    chosen = _chosen(run, params)
+    fig = _figure(figsize=(10.0, 7.0 + 0.18 * math.ceil(len(chosen) / 3)))
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1.2])
+    _draw_ratios(top, run, chosen)
+    _draw_norms(bottom, run)
+    bottom.set_xlabel("optimizer step")
+    fig.suptitle(f"{run.path.resolve().name}: update-to-data ratio ({run.source}; {len(chosen)} of "
+                 f"{len(_with_ratio(run))} parameters)", fontsize=11)
+    return _save(fig, path, dpi)
+
+
+def plot_heatmap(run: Run, path: str | Path, *, dpi: int = 110) -> Path:
+    """Draw every parameter's update-to-data ratio as a heatmap and save it at ``path``.
+
+    Rows: the parameters, matrices first, then vectors (two panels), each ordered by kind of layer
+    and then by depth (``h.0.attn.c_attn.weight`` ... ``h.11.attn.c_attn.weight`` together, in layer
+    order; :func:`~monitored_optim.grouping.depth_key`). Columns: the logged steps. Colour: the
+    log10 ratio on a diverging scale centred on -3 (blue below, red above; white at -3, the band's
+    edges -4 and -2 marked on the colour bar); grey where nothing was logged. Up to 60 rows carry
+    their names; more carry the name of each kind of layer at its first row.
+
+    Args:
+        run: a run from :func:`~monitored_optim.report.read.load_run`.
+        path: the image file to write.
+        dpi: resolution of the saved image.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        ReportError: matplotlib or numpy is missing, the run has no ratios, or the file cannot be
+            written.
+    """
+    require("matplotlib", "matplotlib")
+    import numpy as np
+    from matplotlib.colors import TwoSlopeNorm
+
+    params = _with_ratio(run)
+    if not params:
+        raise ReportError(f"{run.path}: no update-to-data ratios to draw")
+    panels = [(kind, _by_depth([p for p in params if kind_of(run, p) == kind])) for kind in ("matrix", "vector")]
+    panels = [(kind, rows) for kind, rows in panels if rows]
+    column = {step: i for i, step in enumerate(run.steps)}
+    values = np.full((len(params), len(run.steps)), np.nan)
+    order = [p for _, rows in panels for p in rows]
+    for i, p in enumerate(order):
+        for step, v in run.series[p.tag("update_to_data")]:
+            values[i, column[step]] = v
+    finite = values[np.isfinite(values)]
+    norm = TwoSlopeNorm(vcenter=REFERENCE, vmin=min(finite.min(), REFERENCE - 2.0), vmax=max(finite.max(), REFERENCE + 2.0))
+    heights = [max(len(rows), 3) for _, rows in panels]
+    fig = _figure(figsize=(10.0, min(4.0 + 0.14 * min(len(order), 60) + 0.004 * len(order), 16.0)))
+    axes = fig.subplots(len(panels), 1, sharex=True, height_ratios=heights, squeeze=False)[:, 0]
+    start = 0
+    for ax, (kind, rows) in zip(axes, panels):
+        block = np.ma.masked_invalid(values[start:start + len(rows)])
+        start += len(rows)
+        image = ax.imshow(block, aspect="auto", interpolation="nearest", cmap=_cmap(), norm=norm,
+                          extent=(-0.5, len(run.steps) - 0.5, len(rows) - 0.5, -0.5))
+        _label_rows(ax, rows)
+        ax.set_ylabel(("matrices" if kind == "matrix" else "vectors (the band is for matrices)") + f": {len(rows)}", fontsize=8)
+    _label_steps(axes[-1], run.steps)
+    bar = fig.colorbar(image, ax=list(axes), shrink=0.8, pad=0.01)
+    ticks = sorted({round(norm.vmin, 2), HEALTHY_BAND[0], REFERENCE, HEALTHY_BAND[1], round(norm.vmax, 2)})
+    bar.set_ticks(ticks, labels=[f"{t:g}" for t in ticks])
+    bar.set_label("log10(std(update) / std(weights))", fontsize=8)
+    fig.suptitle(f"{run.path.resolve().name}: update-to-data ratio, {len(order)} parameters × "
+                 f"{len(run.steps)} logged steps ({run.source})", fontsize=11)
+    return _save(fig, path, dpi)
+
+
+def _figure(figsize: tuple[float, float]):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    matrix = matrix or looks_like_matrix
-    path = Path(path)
-    params = [p for p in parameters(run) if p.tag("update_to_data") in run.series]
-    columns = max(1, math.ceil(len(params) / LEGEND_ROWS))
-    fig = Figure(figsize=(8.5 + 2.3 * columns, 7.0), layout="constrained")
+    fig = Figure(figsize=figsize, layout="constrained")
     FigureCanvasAgg(fig)
-    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1.2])
-    _draw_ratios(top, run, params, matrix, columns)
-    _draw_norms(bottom, run)
-    bottom.set_xlabel("optimizer step")
-    fig.suptitle(f"{run.path.resolve().name}: update-to-data ratio per parameter ({run.source})",
-                 fontsize=11)
+    return fig
+
+
+def _save(fig, path: str | Path, dpi: int) -> Path:
+    path = Path(path)
     try:
         fig.savefig(path, dpi=dpi, bbox_inches="tight")
     except (OSError, ValueError) as exc:
@@ -86,41 +139,89 @@ def plot_run(run: Run, path: str | Path, *, matrix: Callable[[str], bool] | None
     return path
 
 
-def _layer_styles(labels: list[str]) -> tuple[dict[str, str], dict[str, str]]:
-    """Colour per parameter label (shared by the parameters of one module) and a line style per
-    module (solid for the first ten modules, then dashed, dotted, dash-dot as the colours repeat)."""
-    styles = ["-", "--", ":", "-."]
-    module = {label: label.rsplit(".", 1)[0] for label in labels}
-    index = {m: i for i, m in enumerate(dict.fromkeys(module.values()))}
-    return ({label: f"C{index[m] % 10}" for label, m in module.items()},
-            {label: styles[(index[m] // 10) % 4] for label, m in module.items()})
+def _cmap():
+    from matplotlib import colormaps
+
+    return colormaps["RdBu_r"].with_extremes(bad="0.85")
 
 
-def _draw_ratios(ax, run: Run, params: list[Param], matrix: Callable[[str], bool], columns: int) -> None:
-    """Top panel: one line per parameter, the band and the reference, the legend outside."""
-    colour, style = _layer_styles([p.label for p in params])
+def _with_ratio(run: Run) -> list[Param]:
+    return [p for p in parameters(run) if run.series.get(p.tag("update_to_data"))]
+
+
+def _chosen(run: Run, pattern: str | None) -> list[Param]:
+    """The parameters :func:`plot_run` draws (see its ``params``)."""
+    params = _with_ratio(run)
+    if pattern is not None:
+        picked = [p for p in params if fnmatch.fnmatchcase(p.label, pattern)]
+        if not picked:
+            raise ReportError(f"{run.path}: --params {pattern!r} matches no parameter with an update-to-data "
+                              f"ratio (labels look like {params[0].label!r})" if params else
+                              f"{run.path}: no update-to-data ratios to draw")
+        return picked
+    if len(params) <= LINES:
+        return params
+    matrices = [p for p in params if kind_of(run, p) == "matrix"] or params
+    ranked = sorted(matrices, key=lambda p: statistics.median(v for _, v in run.series[p.tag("update_to_data")]))
+    keep = set(ranked[:LINES // 2] + ranked[-(LINES - LINES // 2):])
+    return [p for p in params if p in keep]
+
+
+def _by_depth(params: list[Param]) -> list[Param]:
+    """Parameters grouped by kind of layer (first appearance), each group in layer order."""
+    keys = {p: depth_key(p.label) or (p.label, -1) for p in params}
+    first = {}
+    for p in params:
+        first.setdefault(keys[p][0], len(first))
+    return sorted(params, key=lambda p: (first[keys[p][0]], keys[p][1]))
+
+
+def _label_rows(ax, rows: list[Param]) -> None:
+    """Each row's label when they fit, else each kind of layer's label at its first row."""
+    if len(rows) <= 60:
+        ax.set_yticks(range(len(rows)), [p.label for p in rows], fontsize=max(5.0, 8.0 - len(rows) / 15))
+        return
+    ticks, labels, seen, gap = [], [], set(), len(rows) / 40  # at most about 40 labels a panel
+    for i, p in enumerate(rows):
+        key = (depth_key(p.label) or (p.label, -1))[0]
+        if key not in seen:
+            seen.add(key)
+            ax.axhline(i - 0.5, color="white", lw=0.4)
+            if not ticks or i - ticks[-1] >= gap:  # a label only where it does not overlap the last
+                ticks.append(i)
+                labels.append(key)
+    ax.set_yticks(ticks, labels, fontsize=6)
+
+
+def _label_steps(ax, steps: list[int]) -> None:
+    stride = max(1, math.ceil(len(steps) / 12))
+    ax.set_xticks(range(0, len(steps), stride), [str(s) for s in steps[::stride]], fontsize=7)
+    ax.set_xlabel("optimizer step (one column per logged step)")
+
+
+def _draw_ratios(ax, run: Run, params: list[Param]) -> None:
+    """Top panel: one line per chosen parameter, the band and the reference, the legend below."""
+    from matplotlib import colormaps
+
+    palette = colormaps["tab10" if len(params) <= 10 else "tab20"]
     band = ax.axhspan(*HEALTHY_BAND, color="tab:green", alpha=0.10, lw=0, zorder=0)
     ref = ax.axhline(REFERENCE, color="black", ls="--", lw=1.0, alpha=0.7, zorder=1)
     every_value = [HEALTHY_BAND[0], HEALTHY_BAND[1]]
-    for p in params:
+    for i, p in enumerate(params):
         steps, values = zip(*run.series[p.tag("update_to_data")])
         every_value += values
         marker = "o" if len(steps) == 1 else None  # a single point draws no line
-        if matrix(p.name):
-            ax.plot(steps, values, color=colour[p.label], ls=style[p.label], lw=1.8, alpha=0.95,
-                    marker=marker, label=p.label, zorder=3)
-        else:
-            ax.plot(steps, values, color=colour[p.label], ls="-", lw=0.8, alpha=0.45, marker=marker,
-                    label=p.label, zorder=2)
+        matrix = kind_of(run, p) == "matrix"
+        ax.plot(steps, values, color=palette(i % palette.N), ls="-" if matrix else "--", lw=1.8 if matrix else 1.0,
+                alpha=0.95, marker=marker, label=p.label + ("" if matrix else " (vector)"), zorder=3 if matrix else 2)
     ax.set_ylabel("log10(std(update) / std(weights))")
     ax.grid(True, alpha=0.25)
     ax.set_ylim(min(every_value) - 0.25, max(every_value) + 0.25)
-    labels = [f"healthy band [{HEALTHY_BAND[0]:g}, {HEALTHY_BAND[1]:g}]", f"rule of thumb {REFERENCE:g}"]
+    labels = [f"healthy band for matrices [{HEALTHY_BAND[0]:g}, {HEALTHY_BAND[1]:g}]", f"rule of thumb {REFERENCE:g}"]
     ax.add_artist(ax.legend([band, ref], labels, loc="lower right", fontsize=7, framealpha=0.8))
-    if params:  # the last legend is the axes' own, which the layout keeps inside the figure
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), ncols=columns, fontsize=7, frameon=False,
-                  title="parameter (thin: bias / norm)", title_fontsize=7, alignment="left",
-                  handlelength=1.8, columnspacing=1.0, borderaxespad=0.0)
+    if params:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.04), ncols=3, fontsize=7, frameon=False,
+                  handlelength=2.2, columnspacing=1.5)
     else:
         ax.text(0.5, 0.5, "no update-to-data ratios in this run", transform=ax.transAxes, ha="center")
 

@@ -51,6 +51,9 @@ class Run:
     source: str
     steps: list[int] = field(default_factory=list)
     series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)
+    """Parameter label -> ``"matrix"`` or ``"vector"``, from the run's ``params.json`` (empty for
+    runs without one: older versions, W&B-only runs)."""
 
     def values(self, tag: str) -> dict[int, float]:
         """The points of ``tag`` as ``{step: value}``; empty when the tag was never logged."""
@@ -85,7 +88,17 @@ def load_run(run_dir: str | Path) -> Run:
                           f"expected {EXPECTED}{_hint_subdirectories(path)}")
     if not run.steps:
         raise ReportError(f"{where}: no figures in the {run.source} log; expected {EXPECTED}")
+    run.kinds = _read_kinds(path / "params.json")
     return run
+
+
+def _read_kinds(path: Path) -> dict[str, str]:
+    """Label -> kind from ``params.json`` (written by the monitor); empty if missing or unreadable."""
+    try:
+        described = json.loads(path.read_text())
+        return {label: str(info["kind"]) for label, info in described.items()}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return {}
 
 
 def _hint_subdirectories(path: Path) -> str:

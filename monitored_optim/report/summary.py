@@ -5,6 +5,7 @@ Pure functions of a :class:`~monitored_optim.report.read.Run`; no rendering here
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass, field
 
@@ -78,8 +79,10 @@ class Layer:
 
     Attributes:
         name: the parameter's label: its name, after the tag prefix if any (``gen/fc1.weight``).
-        update_to_data, grad_to_data: log10 ratios (healthy update-to-data near -3).
+        update_to_data, grad_to_data: log10 ratios (healthy update-to-data near -3 for matrices).
         update_norm: L2 norm of the update, in parameter units.
+        kind: ``"matrix"`` (ndim >= 2, embeddings included) or ``"vector"`` (biases, norm gains,
+            scalars): from the run's ``params.json``, else guessed from the name (:func:`kind_of`).
         marks: short warnings (see :func:`summarize`); empty for a healthy layer.
     """
 
@@ -87,6 +90,7 @@ class Layer:
     update_to_data: Figure
     grad_to_data: Figure
     update_norm: Figure
+    kind: str = "matrix"
     marks: list[str] = field(default_factory=list)
 
 
@@ -132,8 +136,11 @@ def summarize(run: Run, last: int = 20) -> Summary:
     Returns:
         A :class:`Summary`. Each layer's marks, judged over the window:
 
-        - ``below band`` / ``above band``: the *median* update-to-data ratio is outside
-          :data:`HEALTHY_BAND`;
+        - ``below band`` / ``above band``: a matrix's *median* update-to-data ratio is outside
+          :data:`HEALTHY_BAND` (the -3 rule of thumb is about weight matrices);
+        - ``vector``: a vector's ratio, which the band does not judge: a bias or a norm gain has a
+          small spread, so its ratio reads higher than a matrix's (-2 to -1 is common); watch its
+          trend (a jump, a fall to the floor) instead;
         - ``no grad``: no ``grad_norm/{name}`` was logged (the parameter never had a gradient);
         - ``unchanged``: it had a gradient but every logged ``update_norm/{name}`` is exactly 0;
         - ``no ratio``: otherwise no update-to-data ratio was logged (e.g. a one-element tensor,
@@ -151,7 +158,8 @@ def summarize(run: Run, last: int = 20) -> Summary:
     layers = []
     for param in parameters(run):
         layer = Layer(param.label, figure(run, param.tag("update_to_data"), window),
-                      figure(run, param.tag("grad_to_data"), window), figure(run, param.tag("update_norm"), window))
+                      figure(run, param.tag("grad_to_data"), window), figure(run, param.tag("update_norm"), window),
+                      kind_of(run, param))
         layer.marks = marks(layer, _in_window(run, param.tag("grad_norm"), window),
                             _in_window(run, param.tag("update_norm"), window))
         layers.append(layer)
@@ -173,6 +181,8 @@ def marks(layer: Layer, grad_norms: list[tuple[int, float]], update_norms: list[
     """The warnings for ``layer`` (see :func:`summarize`), given its ``(step, value)`` grad and update
     norms in the window; ``[]`` when healthy."""
     ratio = layer.update_to_data.median
+    if ratio is not None and layer.kind == "vector":
+        return ["vector"]
     if ratio is not None:
         if ratio < HEALTHY_BAND[0]:
             return ["below band"]
@@ -182,6 +192,24 @@ def marks(layer: Layer, grad_norms: list[tuple[int, float]], update_norms: list[
     if update_norms and all(v == 0 for _, v in update_norms):
         return ["unchanged"]
     return ["no ratio"]
+
+
+_VECTOR_LEAVES = {"bias", "b", "gamma", "beta", "scale", "shift"}
+_NORM_MODULE = re.compile(r"norm|^ln(_?\w*)?$|^bn\d*$", re.IGNORECASE)
+
+
+def kind_of(run: Run, param: Param) -> str:
+    """``"matrix"`` or ``"vector"``: the shape the monitor wrote to the run's ``params.json``, else
+    a guess from the name (runs of older versions): biases (``*.bias``) and the parameters of
+    normalization layers (``*norm*.weight``, ``ln_1.weight``, ``bn1.weight``, ``gamma``, ``beta``,
+    ``scale``) count as vectors, everything else as matrices."""
+    known = run.kinds.get(param.label)
+    if known in ("matrix", "vector"):
+        return known
+    *modules, leaf = param.name.split(".")
+    if leaf.lower() in _VECTOR_LEAVES or "norm" in leaf.lower() or any(_NORM_MODULE.search(m) for m in modules):
+        return "vector"
+    return "matrix"
 
 
 def _in_window(run: Run, tag: str, window: list[int]) -> list[tuple[int, float]]:

@@ -4,85 +4,157 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TextIO
 
+from ..grouping import depth_key
 from .errors import require
-from .summary import HEALTHY_BAND, REFERENCE, Count, Figure, Summary, split_tag
+from .summary import HEALTHY_BAND, REFERENCE, Count, Summary, split_tag
 
 if TYPE_CHECKING:  # rich is an optional dependency, imported when rendering
     from rich.console import RenderableType
+    from rich.table import Table
+    from rich.text import Text
 
 
-def render(summary: Summary) -> list[RenderableType]:
+WIDTH = 80
+"""Columns the report is laid out for when the output is not a terminal (a pipe, a file)."""
+
+
+def render(summary: Summary, width: int = WIDTH) -> list[RenderableType]:
     """The report as ``rich`` renderables: the per-parameter table, a note on the window, the latest
     global figures, and the run-wide ``health/`` counts (when the run logged them; non-zero in red).
 
-    Table columns: ``#`` (layer order), ``parameter``, update-to-data latest / median (log10 ratio),
-    grad-to-data latest / median (log10 ratio), update norm latest / median (L2, parameter units),
-    ``mark``. Medians cover ``summary.window``. Ratios outside the healthy band are shown in red.
+    Table columns: ``#`` (layer order), ``parameter`` (shortened in the middle to fit ``width``,
+    keeping the layer index and the end: ``tran…11.attn.c_attn.weight``), ``u/d`` median and latest
+    (update-to-data, log10 ratio), ``g/d`` median (grad-to-data, log10 ratio), ``|u|`` median (update
+    norm, L2, parameter units), and ``verdict`` (see :func:`~monitored_optim.report.summary.summarize`). Medians cover
+    ``summary.window``. Matrices' ratios outside the healthy band are shown in red.
+
+    Args:
+        summary: from :func:`~monitored_optim.report.summary.summarize`.
+        width: the columns to fit (the table keeps every column down to about 60).
 
     Raises:
         ReportError: ``rich`` is not installed.
     """
     require("rich", "rich")
+    from rich.markup import escape
+
+    window = summary.window
+    span = f"steps {window[0]}-{window[-1]}" if len(window) > 1 else f"step {window[0]}"
+    room = max(len(layer.name) for layer in summary.layers) if summary.layers else 9
+    table = _table(summary, room)
+    while (excess := _width(table) - width) > 0 and room > 12:  # names give way, nothing else
+        room = max(12, room - excess)
+        table = _table(summary, room)
+    out: list[RenderableType] = [table, (
+        "[dim]u/d: update-to-data ratio, log10(std(update) / std(weights)); g/d: the same for the grad; "
+        f"|u|: update norm. Medians over the last {len(window)} logged steps ({span}). The verdict judges a matrix's "
+        f"median: healthy band [{HEALTHY_BAND[0]:g}, {HEALTHY_BAND[1]:g}], rule of thumb {REFERENCE:g}. "
+        "Vectors (biases, norm gains) are not judged by the band: their small spread makes their "
+        "ratio read higher; watch their trend.[/dim]")]
+    glob = [(f"{tag} {_norm(f.latest)}", escape(f"{tag} {_norm(f.latest)}")) for tag, f in summary.globals.items()]
+    if glob:
+        out.append(_pack("latest:", glob, width))
+    if summary.health:
+        counts = [_health(_health_label(tag), count) for tag, count in summary.health.items()]
+        out.append(_pack("health, latest (max over the window):", counts, width))
+    return out
+
+
+def _pack(title: str, items: list[tuple[str, str]], width: int) -> Text:
+    """``title`` and the ``(plain, markup)`` items on as few lines of ``width`` as fit, breaking
+    between items only (a rich ``Text`` that is printed without further wrapping)."""
+    from rich.text import Text
+
+    lines, line, size = [], [f"[dim]{title}[/dim]"], len(title)
+    for plain, markup in items:
+        if size + 2 + len(plain) > width and len(line) > 1:
+            lines.append(" ".join(line))
+            line, size = ["  "], 2
+        line.append(markup)
+        size += 2 + len(plain)
+    lines.append(" ".join(line))
+    text = Text.from_markup("\n".join(lines))
+    text.no_wrap = True
+    return text
+
+
+def _table(summary: Summary, room: int) -> Table:
+    """The per-parameter table with names shortened to ``room`` characters."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
 
-    run, window = summary.run, summary.window
-    span = f"steps {window[0]}-{window[-1]}" if len(window) > 1 else f"step {window[0]}"
+    run = summary.run
     table = Table(
         title=f"{escape(str(run.path))}  ({run.source}, {len(run.steps)} logged steps, last step {run.steps[-1]})",
-        box=box.SIMPLE_HEAD, title_justify="left", header_style="bold")
-    table.add_column("#", justify="right", style="dim")
+        box=box.SIMPLE_HEAD, title_justify="left", header_style="bold", pad_edge=False, collapse_padding=True)
+    table.add_column("#", justify="right", style="dim", no_wrap=True)
     table.add_column("parameter", no_wrap=True)
-    for head in ("update/data\nlatest", "update/data\nmedian", "grad/data\nlatest", "grad/data\nmedian",
-                 "update norm\nlatest", "update norm\nmedian"):
+    for head in ("u/d\nmedian", "u/d\nlatest", "g/d\nmedian", "|u|\nmedian"):
         table.add_column(head, justify="right", no_wrap=True)
-    table.add_column("mark", style="bold red")
+    table.add_column("verdict", no_wrap=True)
     for i, layer in enumerate(summary.layers):
-        table.add_row(str(i), escape(layer.name), *_ratio_cells(layer.update_to_data, band=True),
-                      *_ratio_cells(layer.grad_to_data, band=False),
-                      _norm(layer.update_norm.latest), _norm(layer.update_norm.median), escape(", ".join(layer.marks)))
-    out: list[RenderableType] = [table, (
-        f"[dim]medians over the last {len(window)} logged steps ({span}); healthy update-to-data band "
-        f"[{HEALTHY_BAND[0]:g}, {HEALTHY_BAND[1]:g}], rule of thumb {REFERENCE:g}; the mark judges the median[/dim]")]
-    glob = "  ".join(f"{escape(tag)} {_norm(f.latest)}" for tag, f in summary.globals.items())
-    if glob:
-        out.append(f"[dim]latest:[/dim] {glob}")
-    if summary.health:
-        counts = "  ".join(_health(_health_label(tag), count) for tag, count in summary.health.items())
-        out.append(f"[dim]health, latest (max over the window):[/dim] {counts}")
-    return out
+        matrix = layer.kind == "matrix"
+        verdict = ", ".join(layer.marks)
+        table.add_row(str(i), escape(shorten(layer.name, room)), _ratio(layer.update_to_data.median, matrix),
+                      _ratio(layer.update_to_data.latest, matrix), _ratio(layer.grad_to_data.median, False),
+                      _norm(layer.update_norm.median),
+                      f"[dim]{verdict}[/dim]" if verdict == "vector" else f"[bold red]{escape(verdict)}[/bold red]")
+    return table
+
+
+def _width(table: Table) -> int:
+    """The columns ``table`` takes unshrunk."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    console = Console(width=10_000)
+    return Measurement.get(console, console.options, table).maximum
+
+
+def shorten(name: str, width: int) -> str:
+    """``name`` cut to ``width`` characters with "…" in the middle, keeping its end and, where it has
+    one, its layer index: ``shorten("transformer.h.11.attn.c_attn.weight", 26)`` is
+    ``"tran…11.attn.c_attn.weight"``."""
+    if len(name) <= width:
+        return name
+    key = depth_key(name)
+    if key is not None:
+        index = str(key[1])
+        at = key[0].index("*")
+        tail = name[at:]  # from the layer index on
+        head = width - len(tail) - 1
+        if head >= 0:
+            return name[:head] + "…" + tail
+        keep = width - len(index) - 2
+        if keep > 0:
+            return index + "…" + name[-keep:] if at == 0 else "…" + index + "…" + name[-(keep - 1):]
+    return "…" + name[-(width - 1):]
 
 
 def print_report(summary: Summary, file: TextIO | None = None) -> None:
-    """Print :func:`render` to ``file`` (default stdout).
-
-    On a terminal the terminal's width is used; otherwise (a pipe or file) the width the table
-    needs, so rows never wrap.
+    """Print :func:`render` to ``file`` (default stdout), fitted to the terminal's width, or to
+    :data:`WIDTH` columns when the output is not a terminal (a pipe, a file).
 
     Raises:
         ReportError: ``rich`` is not installed.
     """
-    parts = render(summary)
+    require("rich", "rich")
     from rich.console import Console
-    from rich.measure import Measurement
 
     console = Console(file=file, highlight=False)
     if not console.is_terminal:
-        width = max(Measurement.get(console, console.options.update(width=10_000), parts[0]).maximum, 80)
-        console = Console(file=file, width=width, highlight=False)
-    for part in parts:
-        console.print(part, soft_wrap=isinstance(part, str))  # note lines never wrap mid-sentence
-
-
-def _ratio_cells(f: Figure, band: bool) -> tuple[str, str]:
-    return _ratio(f.latest, band), _ratio(f.median, band)
+        console = Console(file=file, width=WIDTH, highlight=False)
+    for part in render(summary, console.width):
+        console.print(part)  # notes wrap between items only: each item's spaces are non-breaking
 
 
 def _ratio(value: float | None, band: bool) -> str:
+    """Two decimals, three where two would round onto a band edge (-1.999 is above the band)."""
     if value is None:
         return "[dim]-[/dim]"
-    text = f"{value:.2f}"
+    near_edge = any(abs(value - edge) < 0.005 and value != edge for edge in HEALTHY_BAND)
+    text = f"{value:.3f}" if near_edge else f"{value:.2f}"
     if band and not HEALTHY_BAND[0] <= value <= HEALTHY_BAND[1]:
         return f"[red]{text}[/red]"
     return text
@@ -98,11 +170,12 @@ def _health_label(tag: str) -> str:
     return prefix + rest
 
 
-def _health(kind: str, count: Count) -> str:
+def _health(kind: str, count: Count) -> tuple[str, str]:
+    """``(plain, markup)`` of one count: ``nonfinite 0 (1)``, in red when the window saw any."""
     from rich.markup import escape
 
-    text = f"{escape(kind)} {_count(count.latest)} ({_count(count.worst)})"
-    return f"[bold red]{text}[/bold red]" if count.worst else text
+    plain = f"{kind} {_count(count.latest)} ({_count(count.worst)})"
+    return plain, f"[bold red]{escape(plain)}[/bold red]" if count.worst else escape(plain)
 
 
 def _count(value: float | None) -> str:
