@@ -4,8 +4,9 @@
     MONITORED_OPTIM_BACKEND=jsonl python examples/digits.py
 
 The only change from a plain PyTorch loop is ``Monitored(torch.optim.AdamW)``. At the end it prints
-each layer's latest update-to-data ratio, log10(std(update) / std(weights)), and marks layers
-outside the healthy band [-4, -2] around Karpathy's rule of thumb of -3.
+each layer's latest update-to-data ratio, log10(std(update) / std(weights)), and marks weight
+matrices outside the healthy band [-4, -2] around Karpathy's rule of thumb of -3 (biases are vectors,
+which the band does not judge).
 """
 
 from __future__ import annotations
@@ -38,13 +39,20 @@ def model() -> nn.Module:
                                      act2=nn.ReLU(), head=nn.Linear(64, 10)))
 
 
-def ratio_table(latest: dict[str, float]) -> str:
-    """One row per parameter: its update-to-data ratio and a mark when outside the healthy band."""
+def ratio_table(latest: dict[str, float], matrices: set[str]) -> str:
+    """One row per parameter: its update-to-data ratio, and for a weight matrix (``matrices``) a mark
+    when outside the healthy band; a vector (bias, norm gain) is not judged by the band: its small
+    spread makes its ratio read higher, so watch its trend instead."""
     rows = [(tag.split("/", 1)[1], value) for tag, value in latest.items() if tag.startswith("update_to_data/")]
     width = max([len("parameter")] + [len(name) for name, _ in rows])
     lines = [f"{'parameter':<{width}}  update_to_data", f"{'-' * width}  --------------"]
     for name, value in rows:
-        mark = "" if HEALTHY[0] <= value <= HEALTHY[1] else ("  <- barely moves" if value < HEALTHY[0] else "  <- thrashing")
+        if name not in matrices:
+            mark = "  (vector: not judged by the band)"
+        elif HEALTHY[0] <= value <= HEALTHY[1]:
+            mark = ""
+        else:
+            mark = "  <- barely moves" if value < HEALTHY[0] else "  <- thrashing"
         lines.append(f"{name:<{width}}  {value:>14.2f}{mark}")
     return "\n".join(lines)
 
@@ -112,7 +120,7 @@ def main() -> None:
     print(f"\n{opt.monitor.step} optimizer steps in {time.perf_counter() - start:.1f} s, "
           f"test accuracy {accuracy:.3f}")
     print(f"\nUpdate-to-data ratio at step {opt.monitor.step} (healthy near -3, band {list(HEALTHY)}):")
-    print(ratio_table(opt.monitor.latest))
+    print(ratio_table(opt.monitor.latest, {n for n, p in net.named_parameters() if p.dim() >= 2}))
     print(health_summary(opt.monitor.latest))
     print(where_logged(opt.monitor.settings))
 
