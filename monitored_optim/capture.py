@@ -135,6 +135,13 @@ class Part:
     span: slice | None = None
     flat: bool = True
 
+    def flat_span(self) -> slice | None:
+        """The elements of the flattened parameter this part covers (None for a whole parameter)."""
+        if self.span is None or self.flat:
+            return self.span
+        cols = self.whole.numel() // self.whole.shape[0]
+        return slice(self.span.start * cols, self.span.stop * cols)
+
     def refresh(self, state: dict[str, Any]) -> dict[str, Any]:
         """After the step: point ``p.grad`` at the slice of the parameter's grad now (a closure may
         have made a new one) and return the slice of the post-step ``state`` (created lazily by the
@@ -164,7 +171,9 @@ def parts(p: Tensor, state: dict[str, Any], elementwise: bool) -> list[Part]:
     flat = all(t.is_contiguous() for t in [p, *shaped, *([] if grad is None else [grad])])
     if not flat and p.dim() < 2:
         return [Part(p, state, p)]
-    length, step = (n, PART_ELEMENTS) if flat else (p.shape[0], max(1, PART_ELEMENTS // (n // p.shape[0])))
+    cols = n // p.shape[0] if p.dim() >= 2 else 1
+    rows = max(1, PART_ELEMENTS // cols)  # whole rows per part where a row fits (spectral's products)
+    length, step = (n, rows * cols if cols <= PART_ELEMENTS else PART_ELEMENTS) if flat else (p.shape[0], rows)
     out = []
     for start in range(0, length, step):
         span = slice(start, min(length, start + step))

@@ -31,15 +31,26 @@ ENV_PARAMS = "MONITORED_OPTIM_PARAMS"
 ENV_FIGURES = "MONITORED_OPTIM_FIGURES"
 ENV_TAG_BUDGET = "MONITORED_OPTIM_TAG_BUDGET"
 DEFAULT_TAG_BUDGET = 2000
-FAMILIES = ("update_to_data", "grad_to_data", "norms", "lr", "health", "update_lost")
+FAMILIES = ("update_to_data", "grad_to_data", "norms", "lr", "health", "update_lost", "spikes", "state", "spectral")
 """Figure families ``MonitorConfig.figures`` chooses from: ``norms`` are ``update_norm``,
-``grad_norm``, ``param_norm`` and ``global/*``; the others are their tag prefixes."""
+``grad_norm``, ``param_norm`` and ``global/*``; ``spikes`` is ``health/spikes``; ``state`` is
+``health/zero_grad``, ``normalized_update_rms``, ``eps_dominated`` and ``state_norm``; ``spectral``
+is ``update_spectral`` and ``update_stable_rank``; the others are their tag prefixes."""
+
+DEFAULT_FIGURES = FAMILIES[:7]
+"""The families sent by default: all but ``state`` and ``spectral``, which cost passes over the
+optimizer state or matrix products on every logging step (``figures="all"`` adds them)."""
+
+_FAMILY_OF = {"update_norm": "norms", "grad_norm": "norms", "param_norm": "norms", "global": "norms",
+              "health/spikes": "spikes", "health/zero_grad": "state", "normalized_update_rms": "state",
+              "eps_dominated": "state", "state_norm": "state", "update_spectral": "spectral",
+              "update_stable_rank": "spectral"}
 
 
 def family(tag: str) -> str:
     """The figure family of a tag without prefix (``update_norm/fc1.weight`` -> ``norms``)."""
     head = tag.split("/", 1)[0]
-    return "norms" if head in ("update_norm", "grad_norm", "param_norm", "global") else head
+    return _FAMILY_OF.get(tag if head == "health" else head, _FAMILY_OF.get(head, head))
 DEFAULT_BACKEND = "tensorboard"
 DEFAULT_EVERY = 1
 COUNTS = ("updates", "calls")
@@ -56,8 +67,11 @@ class MonitorConfig:
 
     Args:
         backend: ``"tensorboard"`` (default), ``"wandb"``, ``"jsonl"``, ``"none"``, a comma-separated
-            string of these, or a list or tuple of names (case-insensitive). Environment:
-            ``MONITORED_OPTIM_BACKEND``.
+            string of these, or a list or tuple of names (case-insensitive), which may also hold
+            your own sinks: objects with ``log(metrics, step)`` (and optionally ``close()``), or
+            callables ``fn(metrics, step)`` (an alert, an early-stopping rule, a custom tracker).
+            A sink gets every figure of a logging step (a ``dict[str, float]``) and the step, and
+            is guarded like the built-in backends. Environment: ``MONITORED_OPTIM_BACKEND`` (names).
         logdir: directory for TensorBoard event files and ``metrics.jsonl``. Default, as
             TensorBoard's ``SummaryWriter``: ``runs/<Mon><DD>_<HH-MM-SS>_<hostname>`` under the
             working directory. Environment: ``MONITORED_OPTIM_LOGDIR``.
@@ -86,7 +100,8 @@ class MonitorConfig:
         exclude: globs of parameter names to leave out (as ``!`` globs in ``params``).
         figures: which figure families are computed and sent: a comma-separated string or a list
             from ``update_to_data``, ``grad_to_data``, ``norms``, ``lr``, ``health``,
-            ``update_lost``, or ``"all"`` (default). Environment: ``MONITORED_OPTIM_FIGURES``.
+            ``update_lost``, ``spikes``, ``state``, ``spectral``, or ``"all"``. Default: all but
+            ``state`` and ``spectral``. Environment: ``MONITORED_OPTIM_FIGURES``.
         tag_budget: the most tags one logging step sends to TensorBoard and W&B (int >= 1,
             default 2000); above it, parameters whose names differ only in a layer index are sent
             as min, median and max over depth (see the README's "Many parameters"), while
@@ -131,8 +146,9 @@ class Settings:
     strict: bool = False
     verify: bool = False
     count: str = "updates"
+    sinks: tuple[Any, ...] = ()
     select: Callable[[str, torch.Tensor], bool] = lambda name, p: True
-    figures: frozenset[str] = frozenset(FAMILIES)
+    figures: frozenset[str] = frozenset(DEFAULT_FIGURES)
     tag_budget: int = DEFAULT_TAG_BUDGET
 
 
@@ -168,7 +184,11 @@ def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = No
     figures, figures_src = _pick(config.figures, "MonitorConfig.figures", env, ENV_FIGURES)
     budget, budget_src = _pick(config.tag_budget, "MonitorConfig.tag_budget", env, ENV_TAG_BUDGET)
     _check_types(config)
+    sinks = _sinks(backend)
+    if sinks:
+        backend = [b for b in backend if isinstance(b, str)] or "none"
     return Settings(
+        sinks=sinks,
         backends=_parse_backends(DEFAULT_BACKEND if backend is None else backend, backend_src),
         logdir=_parse_logdir(logdir, logdir_src) if logdir is not None else default_logdir(),
         every=DEFAULT_EVERY if every is None else _parse_every(every, every_src),
@@ -177,7 +197,7 @@ def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = No
         verify=False if verify is None else _parse_flag(verify, verify_src),
         count="updates" if count is None else _parse_count(count, count_src),
         select=_parse_selection(params, params_src, config.exclude),
-        figures=frozenset(FAMILIES) if figures is None else _parse_figures(figures, figures_src),
+        figures=frozenset(DEFAULT_FIGURES) if figures is None else _parse_figures(figures, figures_src),
         tag_budget=DEFAULT_TAG_BUDGET if budget is None else _parse_budget(budget, budget_src),
     )
 
@@ -203,7 +223,7 @@ def _check_types(config: MonitorConfig) -> None:
     """Refuse an explicit field of the wrong type (``every="10"``, ``strict="yes"``, ``every=True``)."""
     for field, (types, allowed) in _FIELD_TYPES.items():
         value = getattr(config, field)
-        if value is None or (field == "params" and callable(value)):
+        if value is None or (field == "params" and callable(value)) or (field == "backend" and is_sink(value)):
             continue
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             raise ValueError(f"MonitorConfig.{field}={value!r} is not valid ({type(value).__name__}): "
@@ -222,6 +242,21 @@ def _pick(value, field: str, env: Mapping[str, str], var: str):
         return value, field
     raw = env.get(var, "")
     return (raw, var) if raw.strip() else (None, var)
+
+
+def is_sink(obj: Any) -> bool:
+    """Whether ``obj`` is a user sink: an object with a ``log(metrics, step)`` method, or a callable
+    ``fn(metrics, step)`` (not a backend name)."""
+    return not isinstance(obj, str) and (callable(getattr(obj, "log", None)) or callable(obj))
+
+
+def _sinks(value: Any) -> tuple[Any, ...]:
+    """The user sinks in ``MonitorConfig.backend`` (a list may mix them with backend names)."""
+    if is_sink(value):
+        return (value,)
+    if isinstance(value, (list, tuple)):
+        return tuple(v for v in value if is_sink(v))
+    return ()
 
 
 def _parse_backends(value: str | Sequence[str], source: str) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import amp, capture, distributed, grouping, stats
+from . import amp, capture, distributed, families, grouping, stats
 from ._warnings import warn
 from .backends import Fanout
 from .config import MonitorConfig, Settings, family, resolve
@@ -100,10 +100,12 @@ class Monitor:
         self._told_back = False
         self._told_budget = False
         self._described: tuple[str, ...] = ()
+        self._families = families.build(self.settings.figures)
+        self._device_families = self._families
         self.base_calls = 0
         self.latest: dict[str, float] = {}
         self.health = Health()
-        self._backends = Fanout(self.settings.backends, self.settings.logdir, self.settings.strict)
+        self._backends = Fanout(self.settings.backends, self.settings.logdir, self.settings.strict, self.settings.sinks)
         self._optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None
         self._watched: list[weakref.ref[torch.nn.Module]] = []
         self._model_names: dict[int, str] = {}
@@ -175,6 +177,21 @@ class Monitor:
             self._model_names.setdefault(id(p), name)
         optimizer = self._optimizer()
         return self.health.check_watched(model, optimizer) if optimizer is not None else []
+
+    def describe(self) -> str:
+        """What will be measured, for ``print``: the param groups and their hyperparameters, then
+        each parameter's name, shape, dtype, kind and how it is captured and why
+        (:func:`monitored_optim.describe.describe`).
+
+        Raises:
+            RuntimeError: the optimizer this monitor belongs to no longer exists.
+        """
+        from .describe import describe
+
+        optimizer = self._optimizer()
+        if optimizer is None:
+            raise RuntimeError("monitored_optim: the optimizer of this monitor no longer exists")
+        return describe(self, optimizer, _names(optimizer, self._model_names))
 
     def run(self, optimizer: torch.optim.Optimizer, step_fn: Callable[..., Any],
             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -281,10 +298,16 @@ class Monitor:
     def _figures(self, optimizer: torch.optim.Optimizer, entries: list[_Entry], batch: stats.Batch,
                  sharding: distributed.Sharding | None = None) -> dict[str, float]:
         state = (optimizer if sharding is None else sharding.local).state
+        self._device_families = self._families if sharding is None else []  # no pieces to all_reduce
         for chunk in _chunks(entries):
             self._measure_updates(chunk, [e.part.refresh(state.get(e.part.whole, {})) for e in chunk], batch)
         rows = batch.finish()
         entries = [e for e in entries if e.lead is None]
+        by_name = {e.name: e for e in entries}
+        for fam in self._device_families:
+            for name, pieces in fam.done().items():
+                for key, value in pieces.items():
+                    _accumulate(by_name[name], key, value)
         self._describe(entries)
         for e in entries:
             e.pieces.update({kind: rows[slot] for kind, slot in e.slots.items() if rows[slot] is not None})
@@ -303,6 +326,12 @@ class Monitor:
         records = _health_records(entries, hosted, table)
         figures.update(_learning_rates(optimizer))
         figures.update(self.health.figures(records, self.step))
+        if self._families:
+            step = families.Step(self.step, [e.name for e in entries], table, [got for got, _ in hosted],
+                                 [_float_lr(e.group) if "state" in self.settings.figures else None for e in entries],
+                                 [e.part.whole.shape for e in entries], figures)
+            for fam in self._families:
+                figures.update(fam.figures(step))
         figures = {tag: value for tag, value in figures.items() if family(tag) in self.settings.figures}
         if errors:
             figures["verify/max_rel_error"] = max(errors)
@@ -355,16 +384,18 @@ class Monitor:
                     if u is not None:
                         _record(batch, [e], "u", [u], [self._centre.get((e.name, "u"), True)], scratch=True)
             else:
-                u = self._stored(e, result)
+                u = self._stored(e, result, state=states[i])
                 if u is not None:
                     jobs.append((e, u))
             e.clone = None
         centre = [self._centre.get((e.name, "u"), True) for e, _ in jobs]
         _record(batch, [e for e, _ in jobs], "u", [u for _, u in jobs], centre, scratch=True)
 
-    def _stored(self, e: _Entry, result: Any, span: slice | None = None) -> Tensor | None:
+    def _stored(self, e: _Entry, result: Any, span: slice | None = None,
+                state: dict[str, Any] | None = None) -> Tensor | None:
         """The stored change of entry ``e`` (or of its flat slice ``span``) from the view's
-        ``result``; adds its ``lost`` and ``verify`` pieces to the parameter's entry."""
+        ``result``; adds its ``lost`` and ``verify`` pieces, and the families' device pieces, to the
+        parameter's entry."""
         def cut(t: Tensor | None) -> Tensor | None:
             return t if t is None or span is None else t.detach().view(-1)[span]
 
@@ -380,6 +411,11 @@ class Monitor:
         truth = u if before is not None else (None if clone is None else Cloned(clone).update(p))
         if truth is not None and self.settings.verify:
             _accumulate(e.owner, "verify", capture.verify_miss(u, truth, meant, p), norms=True)
+        where = span if span is not None else e.part.flat_span()
+        for fam in self._device_families:
+            for key, value in fam.part(e.name, e.part.whole, u, where, {} if span is not None else state or {},
+                                       e.group).items():
+                _accumulate(e.owner, key, value)
         return u
 
     def _describe(self, entries: list[_Entry]) -> None:
@@ -444,12 +480,21 @@ def _storage(p: Tensor) -> int | None:
 
 
 def _accumulate(e: _Entry, key: str, value: Tensor, norms: bool = False) -> None:
-    """Add a part's ``lost`` count (or, ``norms``, combine its ``verify`` norms) into its parameter's piece."""
+    """Add a part's piece into its parameter's: ``lost`` counts and the families' pieces
+    (:func:`~monitored_optim.families.combine`), or, ``norms``, ``verify``'s norms."""
     held = e.pieces.get(key)
     if held is None:
         e.pieces[key] = value
     else:
-        e.pieces[key] = torch.hypot(held, value) if norms else held + value
+        e.pieces[key] = torch.hypot(held, value) if norms else families.combine(key, held, value)
+
+
+def _float_lr(group: dict[str, Any]) -> float | None:
+    """A group's lr as a float (a 0-dim Tensor lr read on the host: CPU ones cost nothing)."""
+    lr = group.get("lr")
+    if isinstance(lr, Tensor):
+        return float(lr) if lr.device.type == "cpu" else None
+    return float(lr) if isinstance(lr, (int, float)) else None
 
 
 CHUNK_BYTES = 1 << 20

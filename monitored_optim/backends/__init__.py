@@ -63,10 +63,13 @@ class Fanout:
         names: backend names from ``config.BACKENDS`` (may be empty).
         logdir: directory for file-based backends.
         strict: raise instead of warning and dropping.
+        sinks: the user's own sinks (objects with ``log(metrics, step)``, or callables
+            ``fn(metrics, step)``), which get every figure, as ``metrics.jsonl`` does.
     """
 
-    def __init__(self, names: tuple[str, ...], logdir: Path, strict: bool) -> None:
+    def __init__(self, names: tuple[str, ...], logdir: Path, strict: bool, sinks: tuple[Any, ...] = ()) -> None:
         self.names, self.logdir, self.strict = names, logdir, strict
+        self.sinks = {_sink_name(sink, i): sink for i, sink in enumerate(sinks)}
         self._open: dict[str, Backend] | None = None
 
     def log(self, metrics: dict[str, float], step: int, compact: dict[str, float] | None = None) -> None:
@@ -77,8 +80,9 @@ class Fanout:
         if self._open is None:
             opened = {name: self._guard(name, open_backend, name, self.logdir) for name in self.names}
             self._open = {name: backend for name, backend in opened.items() if backend is not _FAILED}
+            self._open.update({name: _Sink(sink) for name, sink in self.sinks.items()})
         for name, backend in list(self._open.items()):
-            sent = metrics if compact is None or name == "jsonl" else compact
+            sent = metrics if compact is None or name not in ("tensorboard", "wandb") else compact
             if self._guard(name, backend.log, sent, step) is _FAILED:
                 del self._open[name]
                 try:
@@ -102,6 +106,29 @@ class Fanout:
             warn(f"monitored_optim: the {name} backend failed and is disabled for the rest of this run "
                  f"({type(err).__name__}: {err}); training continues", RuntimeWarning)
             return _FAILED
+
+
+class _Sink:
+    """A user sink behind the :class:`Backend` protocol: ``log`` calls the object's ``log`` (or the
+    callable itself) with a copy of the figures; ``close`` calls its ``close`` if it has one."""
+
+    def __init__(self, sink: Any) -> None:
+        self._sink = sink
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        log = getattr(self._sink, "log", None)
+        (log if callable(log) else self._sink)(dict(metrics), step)
+
+    def close(self) -> None:
+        close = getattr(self._sink, "close", None)
+        if callable(close):
+            close()
+
+
+def _sink_name(sink: Any, i: int) -> str:
+    """How warnings name a user sink: ``sink 0 (EarlyStop)``, ``sink 1 (alert)``."""
+    label = getattr(sink, "__name__", None) or type(sink).__name__
+    return f"sink {i} ({label})"
 
 
 _FAILED = object()

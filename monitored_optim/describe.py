@@ -1,0 +1,70 @@
+"""``opt.monitor.describe()``: what a monitor will measure, as a plain-text table for ``print``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import capture
+from .updates import CLONE, elementwise
+
+
+def describe(monitor: Any, optimizer: torch.optim.Optimizer, names: list[list[str]]) -> str:
+    """The param groups with their hyperparameters, then one row per parameter: name, shape,
+    dtype, kind (matrix: ndim >= 2; vector), and how its update is captured and why.
+
+    Capture is one of: ``view (<ViewName>)``, the update rebuilt from the optimizer's state with the
+    store's rounding inverted (``in N slices`` for a large one); ``snapshot (<reason>)``, an exact
+    copy of p_before on logging steps, for the reasons of
+    :func:`~monitored_optim.capture.snapshot_reason`; ``clone``, for an optimizer without a
+    state-aware view; ``skipped``, left out by ``MonitorConfig(params=...)`` or an integer tensor.
+    (A view may still take a clone of one parameter at a logging step where its hyperparameters make
+    the rebuild ill-conditioned; verify mode reports any miss.)
+
+    Args:
+        monitor: the :class:`~monitored_optim.monitor.Monitor`.
+        optimizer: its optimizer.
+        names: each group's parameter names, as the monitor names them.
+
+    Returns:
+        The text, lines of at most about 100 columns.
+    """
+    lines = [f"{type(optimizer).__name__}: {len(optimizer.param_groups)} param group(s), "
+             f"logging every {monitor.settings.every} step(s) to {', '.join(monitor.settings.backends) or 'no backend'}"]
+    for i, group in enumerate(optimizer.param_groups):
+        hyper = ", ".join(f"{k}={_short(v)}" for k, v in group.items() if k not in ("params", "param_names"))
+        lines.append(f"  group {i} ({len(group['params'])} parameters): {hyper}")
+    storages = capture.storages(p for group in optimizer.param_groups for p in group["params"])
+    rows = [("parameter", "shape", "dtype", "kind", "capture")]
+    for group, group_names in zip(optimizer.param_groups, names):
+        for name, p in zip(group_names, group["params"]):
+            rows.append((name, "x".join(map(str, p.shape)) or "scalar", str(p.dtype).replace("torch.", ""),
+                         "matrix" if p.dim() >= 2 else "vector", _capture(monitor, name, p, storages)))
+    widths = [max(len(row[c]) for row in rows) for c in range(4)]
+    lines.append("")
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows]
+    return "\n".join(lines)
+
+
+def _capture(monitor: Any, name: str, p: torch.Tensor, storages: dict[int, int]) -> str:
+    if not (p.is_floating_point() or p.is_complex()):
+        return "skipped (integer tensor: never stepped)"
+    if not monitor.settings.select(name, p):
+        return "skipped (left out by MonitorConfig(params=/exclude=))"
+    if monitor.view is CLONE:
+        return "clone (no state-aware view for this optimizer's step)"
+    aliased = not p.is_sparse and p.device.type != "meta" and storages.get(p.untyped_storage().data_ptr(), 0) > 1
+    reason = capture.snapshot_reason(p, aliased, name in monitor._risky)
+    if reason is not None:
+        return f"snapshot ({reason})"
+    slices = -(-p.numel() // capture.PART_ELEMENTS) if elementwise(monitor.view) else 1
+    return f"view ({type(monitor.view).__name__})" + (f", in {slices} slices" if slices > 1 else "")
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"tensor({value.item():g})" if value.numel() == 1 else f"tensor{tuple(value.shape)}"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_short(v) for v in value) + ")"
+    return f"{value:g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,87 @@
+"""Figure families beyond the core figures: per-layer spikes, optimizer-state health, spectral size.
+
+Each family is a small object registered in :data:`REGISTRY` under its name in
+``MonitorConfig(figures=...)``. The monitor calls, for the families the configuration turns on:
+
+* ``part(name, whole, u, span, state, group)``, on the device, for each part of a parameter right
+  after its stored change ``u`` is formed (``span``: the flat slice of ``whole`` that ``u`` and the
+  ``state`` slices cover, or None for the whole parameter); returns device pieces, a dict of 1-D
+  float64 tensors, that go to the host in the logging step's one copy (combined over parts by
+  :func:`combine`);
+* ``done()``, after the last part of the logging step: device pieces per parameter name that need
+  all of a parameter's parts (the spectral family's power iteration over blocks of rows);
+* ``figures(step)``, on the host, with the :class:`Step` of the logging step; returns figures.
+
+A family keeps what it needs between logging steps (a baseline, a warm-started vector) itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from torch import Tensor
+
+from ..stats import MomentTable
+from .spectral import Spectral
+from .spikes import Spikes
+from .state import OptimizerState
+
+
+@dataclass(frozen=True)
+class Step:
+    """A logging step as the families see it, one row per monitored parameter.
+
+    Attributes:
+        step: the optimizer step (int >= 1).
+        names: parameter names, in order.
+        table: their moments (:class:`~monitored_optim.stats.MomentTable`, kinds p, grad, u).
+        pieces: per parameter, the host values of its device pieces (``{key: [floats]}``).
+        lrs: per parameter, its group's learning rate as a float (None where it has none).
+        shapes: per parameter, its (whole) shape.
+        figures: the core figures already computed (tag -> float, without prefix).
+    """
+
+    step: int
+    names: list[str]
+    table: MomentTable
+    pieces: list[dict[str, list[float]]]
+    lrs: list[float | None]
+    shapes: list[Any]
+    figures: dict[str, float]
+
+
+class Family(Protocol):
+    """A figure family (see the module docstring)."""
+
+    def part(self, name: str, whole: Tensor, u: Tensor, span: slice | None, state: dict[str, Any],
+             group: dict[str, Any]) -> dict[str, Tensor]:
+        """Device pieces of one part (may be empty)."""
+
+    def done(self) -> dict[str, dict[str, Tensor]]:
+        """Device pieces per parameter name, once all parts are in."""
+
+    def figures(self, step: Step) -> dict[str, float]:
+        """Host figures of the logging step."""
+
+
+REGISTRY: dict[str, type] = {"spikes": Spikes, "state": OptimizerState, "spectral": Spectral}
+"""Family name (as in ``MonitorConfig.figures``) -> its class, built once per monitor."""
+
+NORMS = {"state_norm"}
+"""Piece keys (before any ``:``) that combine over parts as L2 norms (the others are sums)."""
+
+
+def build(chosen: frozenset[str]) -> list[Family]:
+    """One instance of each registered family that ``chosen`` turns on."""
+    return [cls() for name, cls in REGISTRY.items() if name in chosen]
+
+
+def combine(key: str, held: Tensor, value: Tensor) -> Tensor:
+    """Combine a piece of two parts: sums, or L2 norms for the keys in :data:`NORMS`."""
+    if key.split(":", 1)[0] in NORMS:
+        return (held.square() + value.square()).sqrt()
+    return held + value
+
+
+__all__ = ["REGISTRY", "Family", "Step", "build", "combine"]

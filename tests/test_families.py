@@ -1,0 +1,172 @@
+"""The diagnostic families, each against a value computed here: per-layer spikes, optimizer-state
+health, spectral update size; the user's own sinks; describe()."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from monitored_optim import Monitored, MonitorConfig
+
+O = torch.optim
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+
+
+def batches(steps: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(16, 4, generator=gen)
+    for _ in range(steps):
+        x = torch.randn(32, 16, generator=gen)
+        yield x, torch.tanh(x @ w)
+
+
+def test_a_spike_injected_into_one_layer_is_named_and_only_it(tmp_path):
+    model = mlp()
+    opt = Monitored(O.AdamW)(model.named_parameters(), lr=1e-3, monitor=MonitorConfig(backend="none", logdir=tmp_path))
+    counts = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step, (x, y) in enumerate(batches(30), start=1):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            if step == 20:
+                model[2].weight.grad *= 1e3  # a spike in 2.weight's gradient, nowhere else
+            opt.step()
+            counts.append(opt.monitor.latest["health/spikes"])
+    spikes = [str(w.message) for w in caught if "spike at step" in str(w.message)]
+    assert spikes == [spikes[0]] and "spike at step 20 in '2.weight' (grad_norm" in spikes[0], spikes
+    assert counts[19] == 1 and sum(counts) == 1, counts
+
+
+def train(cls, kwargs, steps, figures="all", model=None):
+    model = model or mlp()
+    opt = Monitored(cls)(model.named_parameters(), **kwargs, monitor=MonitorConfig(backend="none", figures=figures))
+    record = []
+    for x, y in batches(steps):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+        record.append(({n: p.detach() - before[n] for n, p in model.named_parameters()}, dict(opt.monitor.latest)))
+    return model, opt, record
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_state_figures_equal_the_state_computed_here(amsgrad):
+    model, opt, record = train(O.AdamW, dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-5, amsgrad=amsgrad), 5)
+    updates, latest = record[-1]
+    for name, p in model.named_parameters():
+        state = opt.state[p]
+        v = state["max_exp_avg_sq" if amsgrad else "exp_avg_sq"].double()
+        bias = 1 - 0.95 ** state["step"].item()
+        assert latest[f"eps_dominated/{name}"] == pytest.approx(((v / bias).sqrt() < 1e-5).double().mean().item())
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert latest[f"state_norm/{key}/{name}"] == pytest.approx(state[key].double().norm().item(), rel=1e-6)
+        rms = updates[name].double().square().mean().sqrt().item()
+        assert latest[f"normalized_update_rms/{name}"] == pytest.approx(rms / 1e-3, rel=1e-4)
+    assert latest["health/zero_grad"] == 0
+
+
+def test_a_dead_layer_counts_as_zero_grad_although_momentum_moves_it():
+    model = mlp()
+    opt = Monitored(O.SGD)(model.named_parameters(), lr=0.1, momentum=0.9, monitor=MonitorConfig(
+        backend="none", figures="all"))
+    for step, (x, y) in enumerate(batches(4), start=1):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        if step > 2:
+            model[0].weight.grad.zero_()  # dead from step 3 on; its momentum still moves it
+        opt.step()
+    latest = opt.monitor.latest
+    assert latest["health/zero_grad"] == 1 and latest["health/unchanged"] == 0
+    assert latest["state_norm/momentum_buffer/0.weight"] > 0
+
+
+@pytest.mark.parametrize("cls,kwargs,shape", [
+    (O.SGD, dict(lr=0.05, momentum=0.9), (32, 32)),
+    (O.AdamW, dict(lr=1e-3), (32, 32)),
+    (O.Muon, dict(lr=0.02), (32, 32)),
+    (O.AdamW, dict(lr=1e-3), (1024, 512)),  # reduced a block of rows at a time: one iteration a step
+], ids=["sgd", "adamw", "muon", "adamw-large"])
+def test_spectral_size_is_within_one_percent_of_the_matrix_norm(cls, kwargs, shape):
+    torch.manual_seed(0)
+    w = nn.Parameter(0.02 * torch.randn(shape))
+    opt = Monitored(cls)([("w", w)], **kwargs, monitor=MonitorConfig(backend="none", figures="all"))
+    gen = torch.Generator().manual_seed(1)
+    left, right = torch.randn(shape[0], 3, generator=gen), torch.randn(3, shape[1], generator=gen)
+    errors = []
+    for step in range(12):
+        w.grad = left @ right + 0.1 * torch.randn(shape, generator=gen)  # a gradient with a dominant direction
+        before = w.detach().clone()
+        opt.step()
+        u = (w.detach() - before).double()
+        sigma = torch.linalg.matrix_norm(u, 2).item()
+        latest = opt.monitor.latest
+        want = sigma * math.sqrt(shape[1] / shape[0])
+        errors.append(abs(latest["update_spectral/w"] - want) / want)
+        if step >= 4:  # after a few logging steps
+            assert latest["update_stable_rank/w"] == pytest.approx(u.square().sum().item() / sigma**2, rel=0.03)
+    assert max(errors[4:]) < 0.01, errors
+
+
+def test_families_are_off_by_default_and_on_with_all():
+    _, _, record = train(O.AdamW, dict(lr=1e-3), 2, figures=None)
+    tags = set(record[-1][1])
+    assert "health/spikes" in tags
+    assert not {t for t in tags if t.split("/")[0] in ("state_norm", "eps_dominated", "update_spectral")}
+
+
+def test_own_sinks_get_every_figure_and_a_failing_one_is_dropped(tmp_path):
+    got = []
+
+    class EarlyStop:
+        closed = False
+
+        def log(self, metrics, step):
+            got.append((step, metrics["global/update_norm"]))
+
+        def close(self):
+            EarlyStop.closed = True
+
+    def broken(metrics, step):
+        raise RuntimeError("alert service down")
+
+    seen = []
+    model = mlp()
+    opt = Monitored(O.SGD)(model.named_parameters(), lr=0.1, monitor=MonitorConfig(
+        backend=["jsonl", EarlyStop(), lambda m, s: seen.append(s), broken], logdir=tmp_path))
+    with pytest.warns(RuntimeWarning, match=r"sink 2 \(broken\) backend failed .*alert service down"):
+        for x, y in batches(3):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    opt.monitor.close()
+    assert [s for s, _ in got] == seen == [1, 2, 3] and EarlyStop.closed
+    assert got[-1][1] == opt.monitor.latest["global/update_norm"]
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_describe_says_how_each_parameter_is_captured():
+    m = nn.ModuleDict({"emb": nn.Embedding(1000, 300), "ln": nn.LayerNorm(300), "fc": nn.Linear(300, 300)})
+    m["low"] = nn.Linear(4, 4).to(torch.bfloat16)
+    opt = Monitored(O.AdamW)([{"params": list(m.named_parameters()), "weight_decay": 0.1}], lr=3e-4,
+                              monitor=MonitorConfig(backend="none", exclude="fc.bias"))
+    text = opt.monitor.describe()
+    rows = {line.split()[0]: line for line in text.splitlines() if line and line.split()[0] in dict(m.named_parameters())}
+    assert "lr=0.0003" in text and "weight_decay=0.1" in text
+    assert rows["emb.weight"].split()[1:4] == ["1000x300", "float32", "matrix"]
+    assert rows["emb.weight"].endswith("view (AdamView), in 2 slices")
+    assert rows["fc.weight"].endswith("view (AdamView)")
+    assert rows["fc.bias"].endswith("skipped (left out by MonitorConfig(params=/exclude=))")
+    assert rows["ln.weight"].endswith("snapshot (vector)")
+    assert rows["low.weight"].endswith("snapshot (low precision)")
+    lbfgs = Monitored(O.LBFGS)(list(m["fc"].named_parameters()), monitor=MonitorConfig(backend="none"))
+    assert "clone (no state-aware view" in lbfgs.monitor.describe()
