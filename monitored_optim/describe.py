@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from . import capture
+from ._warnings import warn
 from .updates import CLONE, elementwise
 
 
@@ -45,6 +48,27 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, names: list[list[st
     lines.append("")
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows]
     return "\n".join(lines)
+
+
+def write_shapes(path: Path, prefix: str, params: list[tuple[str, torch.Tensor, torch.dtype]]) -> None:
+    """Write ``path`` (``<logdir>/params.json``): each monitored parameter's shape, dtype and kind
+    (``matrix``: ndim >= 2, embeddings included; ``vector``: biases, norm gains, scalars), for the
+    report. Labels carry the tag ``prefix``; several monitors sharing the logdir merge their
+    entries. A file that cannot be written is warned about (the report then guesses kinds from
+    names); training goes on.
+
+    Args:
+        path: the file to write.
+        prefix: the monitor's tag prefix (``""`` or ``"gen/"``).
+        params: ``(name, parameter, dtype)`` of each monitored parameter.
+    """
+    shapes = {prefix + name: {"shape": list(p.shape), "dtype": str(dtype).replace("torch.", ""),
+                              "kind": "matrix" if p.dim() >= 2 else "vector"} for name, p, dtype in params}
+    try:
+        known = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**known, **shapes}, indent=1))
+    except (OSError, ValueError) as err:
+        warn(f"monitored_optim: cannot write {str(path)!r} ({type(err).__name__}: {err})", RuntimeWarning)
 
 
 def _capture(monitor: Any, name: str, p: torch.Tensor, storages: dict[int, int]) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import functools
 import inspect
-import json
 import math
 import weakref
 from collections.abc import Callable, Iterator
@@ -419,24 +418,15 @@ class Monitor:
         return u
 
     def _describe(self, entries: list[_Entry]) -> None:
-        """Write ``<logdir>/params.json``, each monitored parameter's shape, dtype and kind
-        (``matrix``: ndim >= 2, embeddings included; ``vector``: biases, norm gains, scalars), for
-        the report, when a file backend writes there and the parameters changed since last time.
-        Labels carry the tag prefix; several monitors sharing the logdir merge their entries."""
+        """Write ``params.json`` for the report when the monitored parameters changed since last time."""
         names = tuple(e.name for e in entries)
-        if names == self._described or not {"tensorboard", "jsonl"} & set(self.settings.backends) \
-                or not distributed.is_writer():
-            return
-        self._described = names
-        shapes = {self.settings.prefix + e.name: {"shape": list(e.part.whole.shape), "dtype": str(e.p.dtype)[6:],
-                                                  "kind": "matrix" if e.part.whole.dim() >= 2 else "vector"}
-                  for e in entries}
-        path = self.settings.logdir / "params.json"
-        try:
-            known = json.loads(path.read_text()) if path.exists() else {}
-            path.write_text(json.dumps({**known, **shapes}, indent=1))
-        except (OSError, ValueError) as err:  # the report falls back to names; training goes on
-            warn(f"monitored_optim: cannot write {str(path)!r} ({type(err).__name__}: {err})", RuntimeWarning)
+        if names != self._described and {"tensorboard", "jsonl"} & set(self.settings.backends) \
+                and distributed.is_writer():
+            self._described = names
+            from .describe import write_shapes
+
+            write_shapes(self.settings.logdir / "params.json", self.settings.prefix,
+                         [(e.name, e.part.whole, e.p.dtype) for e in entries])
 
     def _log(self, figures: dict[str, float]) -> None:
         prefix = self.settings.prefix
