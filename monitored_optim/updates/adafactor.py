@@ -100,8 +100,10 @@ def _rows(grad: Tensor, state: dict[str, Any], eps1: float, alpha: Tensor, thres
         v = (row_var[a:b] @ col_var).div_(row_mean)
         return v.clamp_(min=eps1 * eps1).rsqrt_().mul_(grad[a:b])
 
-    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(block(a)).double() for a in starts]))
-    factor = -alpha / norm.div_(threshold).clamp_(min=1.0).to(alpha.dtype)
+    squares = grad.new_zeros((), dtype=torch.float64)  # one accumulator: no small tensor kept per block
+    for a in starts:
+        squares.add_(torch.linalg.vector_norm(block(a)).double().square())
+    factor = -alpha / squares.sqrt_().div_(threshold).clamp_(min=1.0).to(alpha.dtype)
 
     def slices() -> Iterator[tuple[slice, Stores]]:
         for a in starts:
