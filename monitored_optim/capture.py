@@ -154,9 +154,16 @@ class Part:
         return self.state
 
 
-def parts(p: Tensor, state: dict[str, Any], elementwise: bool) -> list[Part]:
-    """``p`` cut into slices of at most :data:`PART_ELEMENTS` elements (or of one row of its first
-    dimension where a row is larger), or ``[Part(p, state, p)]``.
+def budget(total_bytes: int) -> int:
+    """Bytes of parameters rebuilt at once on a logging step: 1/64 of the monitored parameters'
+    bytes, at least 64 KiB and at most 1 MiB (:data:`PART_ELEMENTS` of float32), so that the few
+    temporaries of a chunk stay a small share of a small model and a few MiB of a large one."""
+    return min(max(total_bytes // 64, 1 << 16), PART_ELEMENTS * 4)
+
+
+def parts(p: Tensor, state: dict[str, Any], elementwise: bool, limit: int = PART_ELEMENTS) -> list[Part]:
+    """``p`` cut into slices of at most ``limit`` elements (or of one row of its first dimension
+    where a row is larger), or ``[Part(p, state, p)]``.
 
     Only where the update of a slice depends on nothing but the same slice of p, its grad and its
     state (``elementwise``: the element-wise views) and the grad is dense. Slices are flat where p,
@@ -165,15 +172,15 @@ def parts(p: Tensor, state: dict[str, Any], elementwise: bool) -> list[Part]:
     n = p.numel()
     grad = p.grad
     shaped = [v for v in state.values() if isinstance(v, Tensor) and v.shape == p.shape]
-    if not elementwise or n <= PART_ELEMENTS or p.dim() == 0 or (grad is not None and grad.is_sparse) \
+    if not elementwise or n <= limit or p.dim() == 0 or (grad is not None and grad.is_sparse) \
             or any(v.is_sparse for v in shaped):
         return [Part(p, state, p)]
     flat = all(t.is_contiguous() for t in [p, *shaped, *([] if grad is None else [grad])])
     if not flat and p.dim() < 2:
         return [Part(p, state, p)]
     cols = n // p.shape[0] if p.dim() >= 2 else 1
-    rows = max(1, PART_ELEMENTS // cols)  # whole rows per part where a row fits (spectral's products)
-    length, step = (n, rows * cols if cols <= PART_ELEMENTS else PART_ELEMENTS) if flat else (p.shape[0], rows)
+    rows = max(1, limit // cols)  # whole rows per part where a row fits (spectral's products)
+    length, step = (n, rows * cols if cols <= limit else limit) if flat else (p.shape[0], rows)
     out = []
     for start in range(0, length, step):
         span = slice(start, min(length, start + step))

@@ -39,11 +39,12 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, names: list[list[st
         hyper = ", ".join(f"{k}={_short(v)}" for k, v in group.items() if k not in ("params", "param_names"))
         lines.append(f"  group {i} ({len(group['params'])} parameters): {hyper}")
     storages = capture.storages(p for group in optimizer.param_groups for p in group["params"])
+    named = [(n, p) for group, group_names in zip(optimizer.param_groups, names) for n, p in zip(group_names, group["params"])]
+    budget = capture.budget(sum(p.numel() * p.element_size() for n, p in named if monitor.settings.select(n, p)))
     rows = [("parameter", "shape", "dtype", "kind", "capture")]
-    for group, group_names in zip(optimizer.param_groups, names):
-        for name, p in zip(group_names, group["params"]):
-            rows.append((name, "x".join(map(str, p.shape)) or "scalar", str(p.dtype).replace("torch.", ""),
-                         "matrix" if p.dim() >= 2 else "vector", _capture(monitor, name, p, storages)))
+    for name, p in named:
+        rows.append((name, "x".join(map(str, p.shape)) or "scalar", str(p.dtype).replace("torch.", ""),
+                     "matrix" if p.dim() >= 2 else "vector", _capture(monitor, name, p, storages, budget)))
     widths = [max(len(row[c]) for row in rows) for c in range(4)]
     lines.append("")
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows]
@@ -71,7 +72,7 @@ def write_shapes(path: Path, prefix: str, params: list[tuple[str, torch.Tensor, 
         warn(f"monitored_optim: cannot write {str(path)!r} ({type(err).__name__}: {err})", RuntimeWarning)
 
 
-def _capture(monitor: Any, name: str, p: torch.Tensor, storages: dict[int, int]) -> str:
+def _capture(monitor: Any, name: str, p: torch.Tensor, storages: dict[int, int], budget: int) -> str:
     if not (p.is_floating_point() or p.is_complex()):
         return "skipped (integer tensor: never stepped)"
     if not monitor.settings.select(name, p):
@@ -82,7 +83,8 @@ def _capture(monitor: Any, name: str, p: torch.Tensor, storages: dict[int, int])
     reason = capture.snapshot_reason(p, aliased, name in monitor._risky)
     if reason is not None:
         return f"snapshot ({reason})"
-    slices = -(-p.numel() // capture.PART_ELEMENTS) if elementwise(monitor.view) else 1
+    limit = budget // p.element_size()
+    slices = -(-p.numel() // limit) if elementwise(monitor.view) and p.numel() > limit else 1
     return f"view ({type(monitor.view).__name__})" + (f", in {slices} slices" if slices > 1 else "")
 
 

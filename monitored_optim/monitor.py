@@ -112,6 +112,7 @@ class Monitor:
         self._verify_told: set[str] = set()
         self._centre: dict[tuple[str, str], bool] = {}
         self._risky: set[str] = set()
+        self._budget = capture.PART_ELEMENTS * 4
         _warn_if_shared(self.settings)
         _ALL.add(self)
         amp.install()
@@ -254,13 +255,16 @@ class Monitor:
         entries = []
         storages = capture.storages(p for group in optimizer.param_groups for p in group["params"])
         cut = split and elementwise(self.view)
+        chosen = [(n, p) for group, names in zip(optimizer.param_groups, _names(optimizer, self._model_names))
+                  for n, p in zip(names, group["params"]) if self.settings.select(n, p)]
+        self._budget = capture.budget(sum(_nbytes(p) for _, p in chosen))
         for group, names in zip(optimizer.param_groups, _names(optimizer, self._model_names)):
             for name, p in zip(names, group["params"]):
                 if not (p.is_floating_point() or p.is_complex()) or not self.settings.select(name, p):
                     continue  # integer tensors (frozen quantized weights) are never stepped; left out
                 reason = capture.snapshot_reason(p, storages.get(_storage(p), 0) > 1, name in self._risky)
                 lead = None
-                for part in capture.parts(p, optimizer.state.get(p, {}), cut):
+                for part in capture.parts(p, optimizer.state.get(p, {}), cut, self._budget // p.element_size()):
                     e = self._entry(name, group, part, reason, lead)
                     lead = lead or e
                     entries.append(e)
@@ -298,7 +302,7 @@ class Monitor:
                  sharding: distributed.Sharding | None = None) -> dict[str, float]:
         state = (optimizer if sharding is None else sharding.local).state
         self._device_families = self._families if sharding is None else []  # no pieces to all_reduce
-        for chunk in _chunks(entries):
+        for chunk in _chunks(entries, self._budget):
             self._measure_updates(chunk, [e.part.refresh(state.get(e.part.whole, {})) for e in chunk], batch)
         rows = batch.finish()
         entries = [e for e in entries if e.lead is None]
@@ -487,19 +491,14 @@ def _float_lr(group: dict[str, Any]) -> float | None:
     return float(lr) if isinstance(lr, (int, float)) else None
 
 
-CHUNK_BYTES = 1 << 20
-"""Parameter bytes rebuilt at once (a chunk of small parameters, or one part of a large one,
-:data:`~monitored_optim.capture.PART_ELEMENTS`): the few temporaries of a chunk are the extra
-memory of a logging step, whatever the model's size."""
-
-
-def _chunks(entries: list[_Entry]) -> Iterator[list[_Entry]]:
+def _chunks(entries: list[_Entry], budget: int) -> Iterator[list[_Entry]]:
     """Consecutive entries of one param group and device whose parts together take at most
-    :data:`CHUNK_BYTES` (or one larger part): their rebuilt updates are alive at once."""
+    ``budget`` bytes (:func:`~monitored_optim.capture.budget`; or one larger part): their rebuilt
+    updates are alive at once, so the few temporaries of a chunk are a logging step's extra memory."""
     chunk: list[_Entry] = []
     size = 0
     for e in entries:
-        if chunk and (size + _nbytes(e.p) > CHUNK_BYTES or e.group is not chunk[0].group
+        if chunk and (size + _nbytes(e.p) > budget or e.group is not chunk[0].group
                       or e.p.device != chunk[0].p.device):
             yield chunk
             chunk, size = [], 0
