@@ -156,9 +156,9 @@ class Part:
 
 def budget(total_bytes: int) -> int:
     """Bytes of parameters rebuilt at once on a logging step: 1/64 of the monitored parameters'
-    bytes, at least 64 KiB and at most 1 MiB (:data:`PART_ELEMENTS` of float32), so that the few
+    bytes, at least 256 KiB and at most 1 MiB (:data:`PART_ELEMENTS` of float32), so that the few
     temporaries of a chunk stay a small share of a small model and a few MiB of a large one."""
-    return min(max(total_bytes // 64, 1 << 16), PART_ELEMENTS * 4)
+    return min(max(total_bytes // 64, 1 << 18), PART_ELEMENTS * 4)
 
 
 def parts(p: Tensor, state: dict[str, Any], elementwise: bool, limit: int = PART_ELEMENTS) -> list[Part]:
