@@ -34,7 +34,9 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, names: list[list[st
         The text, lines of at most about 100 columns.
     """
     lines = [f"{type(optimizer).__name__}: {len(optimizer.param_groups)} param group(s), "
-             f"logging every {monitor.settings.every} step(s) to {', '.join(monitor.settings.backends) or 'no backend'}"]
+             f"logging every {monitor.settings.every} step(s) to "
+             f"{', '.join(monitor.settings.backends) or 'no backend'}"
+             + (f" and {len(monitor.settings.sinks)} sink(s) of yours" if monitor.settings.sinks else "")]
     for i, group in enumerate(optimizer.param_groups):
         hyper = ", ".join(f"{k}={_short(v)}" for k, v in group.items() if k not in ("params", "param_names"))
         lines.append(f"  group {i} ({len(group['params'])} parameters): {hyper}")
@@ -76,7 +78,7 @@ def _capture(monitor: Any, name: str, p: torch.Tensor, storages: dict[int, int],
     if not (p.is_floating_point() or p.is_complex()):
         return "skipped (integer tensor: never stepped)"
     if not monitor.settings.select(name, p):
-        return "skipped (left out by MonitorConfig(params=/exclude=))"
+        return "skipped (left out by the selection: params=, exclude= or MONITORED_OPTIM_PARAMS)"
     if monitor.view is CLONE:
         return "clone (no state-aware view for this optimizer's step)"
     aliased = not p.is_sparse and p.device.type != "meta" and storages.get(p.untyped_storage().data_ptr(), 0) > 1

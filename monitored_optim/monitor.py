@@ -153,9 +153,14 @@ class Monitor:
             warn("monitored_optim: the optimizer's parameters have no names, so figures are logged as "
                  "param0, param1, ...; pass model.named_parameters() (or param groups whose 'params' are "
                  "(name, tensor) pairs), or MonitorConfig(model=model), to log them by name")
-        for group, names in zip(optimizer.param_groups, _names(optimizer, known)):
-            chosen = [(n, p) for n, p in zip(names, group["params"]) if self.settings.select(n, p)]
-            self._risky.update(n for (n, _), near in zip(chosen, capture.near_constant([p for _, p in chosen])) if near)
+        every = [(n, p) for group, names in zip(optimizer.param_groups, _names(optimizer, known))
+                 for n, p in zip(names, group["params"])]
+        chosen = [(n, p) for n, p in every if self.settings.select(n, p)]
+        if every and not chosen:
+            warn(f"monitored_optim: the parameter selection (MonitorConfig params=/exclude= or MONITORED_OPTIM_PARAMS) "
+                 f"matches none of the {len(every)} parameters, so nothing is monitored; their names look like "
+                 f"{every[0][0]!r}", RuntimeWarning)
+        self._risky.update(n for (n, _), near in zip(chosen, capture.near_constant([p for _, p in chosen])) if near)
 
     def watch(self, model: torch.nn.Module) -> list[str]:
         """Warn once about each trainable parameter of ``model`` that no param group holds, and
@@ -328,7 +333,8 @@ class Monitor:
                   for e, (got, _) in zip(entries, hosted) if "verify" in got]
         records = _health_records(entries, hosted, table)
         figures.update(_learning_rates(optimizer))
-        figures.update(self.health.figures(records, self.step))
+        if "health" in self.settings.figures:  # its counts and warnings need the grads it reduces
+            figures.update(self.health.figures(records, self.step))
         if self._families:
             step = families.Step(self.step, [e.name for e in entries], table, [got for got, _ in hosted],
                                  [_float_lr(e.group) if "state" in self.settings.figures else None for e in entries],

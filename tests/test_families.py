@@ -143,7 +143,7 @@ def test_own_sinks_get_every_figure_and_a_failing_one_is_dropped(tmp_path):
     model = mlp()
     opt = Monitored(O.SGD)(model.named_parameters(), lr=0.1, monitor=MonitorConfig(
         backend=["jsonl", EarlyStop(), lambda m, s: seen.append(s), broken], logdir=tmp_path))
-    with pytest.warns(RuntimeWarning, match=r"sink 2 \(broken\) backend failed .*alert service down"):
+    with pytest.warns(RuntimeWarning, match=r"your sink 2 \(broken\) failed .*alert service down"):
         for x, y in batches(3):
             opt.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()
@@ -168,7 +168,7 @@ def test_describe_says_how_each_parameter_is_captured():
     limit = budget(sum(p.numel() * p.element_size() for n, p in m.named_parameters() if n != "fc.bias")) // 4
     assert rows["emb.weight"].endswith(f"view (AdamView), in {-(-1000 * 300 // limit)} slices")
     assert rows["fc.weight"].endswith(f"view (AdamView), in {-(-300 * 300 // limit)} slices")
-    assert rows["fc.bias"].endswith("skipped (left out by MonitorConfig(params=/exclude=))")
+    assert rows["fc.bias"].endswith("skipped (left out by the selection: params=, exclude= or MONITORED_OPTIM_PARAMS)")
     assert rows["ln.weight"].endswith("snapshot (vector)")
     assert rows["low.weight"].endswith("snapshot (low precision)")
     lbfgs = Monitored(O.LBFGS)(list(m["fc"].named_parameters()), monitor=MonitorConfig(backend="none"))

@@ -329,6 +329,8 @@ def test_report_table_heatmap_and_plot_at_scale(layers, tmp_path):
     assert run.kinds["0.weight"] == "matrix" and run.kinds["0.bias"] == "vector"  # from params.json
     heat = image.imread(tmp_path / "heat.png")
     assert heat.shape[1] >= 800 and 400 <= heat.shape[0] <= 16 * 110 + 200
+    bar = heat[heat.shape[0] // 4: 3 * heat.shape[0] // 4, int(heat.shape[1] * 0.86): int(heat.shape[1] * 0.95), :3]
+    assert bar.std() > 0.1  # the colour bar is drawn (a tick outside its range once blanked it)
     assert_real_png(tmp_path / "lines.png")
     figure = plot_heatmap(run, tmp_path / "again.png")
     assert figure.exists()

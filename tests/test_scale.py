@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import warnings
 
 import pytest
 import torch
@@ -83,6 +84,12 @@ def test_selection_picks_the_tags_and_the_health_counts(config, expected, tmp_pa
     assert latest["health/no_grad"] == 0
 
 
+def test_a_selection_that_matches_nothing_warns(tmp_path):
+    with pytest.warns(RuntimeWarning, match="matches none of the 6 parameters.*'0.weight'"):
+        Monitored(torch.optim.SGD)(stack(3).named_parameters(), lr=0.1,
+                                   monitor=MonitorConfig(backend="none", logdir=tmp_path, params="layers.*"))
+
+
 def test_selection_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("MONITORED_OPTIM_PARAMS", "0.weight, 2.*")
     model = stack(3)
@@ -93,10 +100,15 @@ def test_selection_from_the_environment(monkeypatch, tmp_path):
 
 
 def test_figure_families_choose_what_is_sent(tmp_path):
+    """Without a family that reads the grads (grad_to_data, norms, health) they are not reduced,
+    and no health warning claims they are missing."""
     model = stack(2)
     opt = Monitored(torch.optim.SGD)(model.named_parameters(), lr=0.1, monitor=MonitorConfig(
         backend="none", logdir=tmp_path, figures=["update_to_data", "lr"]))
-    step_once(model, opt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(4):
+            step_once(model, opt)
     assert {t.split("/", 1)[0] for t in opt.monitor.latest} == {"update_to_data", "lr"}
     with pytest.raises(ValueError, match="'gradnorm' is unknown.*update_to_data, grad_to_data, norms"):
         Monitored(torch.optim.SGD)(model.named_parameters(), lr=0.1, monitor=MonitorConfig(figures="gradnorm"))

@@ -103,7 +103,8 @@ class Fanout:
         except Exception as err:
             if self.strict:
                 raise
-            warn(f"monitored_optim: the {name} backend failed and is disabled for the rest of this run "
+            what = f"your {name}" if name in self.sinks else f"the {name} backend"
+            warn(f"monitored_optim: {what} failed and is disabled for the rest of this run "
                  f"({type(err).__name__}: {err}); training continues", RuntimeWarning)
             return _FAILED
 

@@ -113,8 +113,9 @@ def plot_heatmap(run: Run, path: str | Path, *, dpi: int = 110) -> Path:
         ax.set_ylabel(("matrices" if kind == "matrix" else "vectors (the band is for matrices)") + f": {len(rows)}", fontsize=8)
     _label_steps(axes[-1], run.steps)
     bar = fig.colorbar(image, ax=list(axes), shrink=0.8, pad=0.01)
-    ticks = sorted({round(norm.vmin, 2), HEALTHY_BAND[0], REFERENCE, HEALTHY_BAND[1], round(norm.vmax, 2)})
-    bar.set_ticks(ticks, labels=[f"{t:g}" for t in ticks])
+    ticks = sorted(t for t in {norm.vmin, HEALTHY_BAND[0], REFERENCE, HEALTHY_BAND[1], norm.vmax}
+                   if norm.vmin <= t <= norm.vmax)  # a tick outside the range blanks a TwoSlopeNorm bar
+    bar.set_ticks(ticks, labels=[f"{t:.3g}" for t in ticks])
     bar.set_label("log10(std(update) / std(weights))", fontsize=8)
     fig.suptitle(f"{run.path.resolve().name}: update-to-data ratio, {len(order)} parameters × "
                  f"{len(run.steps)} logged steps ({run.source})", fontsize=11)
