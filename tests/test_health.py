@@ -71,7 +71,8 @@ def test_nan_grad_is_named_counted_and_never_sent(tmp_path):
     opt = Monitored(torch.optim.Adam)(problem.groups, lr=1e-2, monitor=MonitorConfig(
         backend="jsonl,tensorboard", logdir=tmp_path))
     plain = torch.optim.Adam(plain_problem.groups, lr=1e-2)
-    with pytest.warns(RuntimeWarning, match=r"'fc2.bias' has NaN or Inf in its grad and update at step 3 \(first"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         for i in range(5):
             for p_, o in ((problem, opt), (plain_problem, plain)):
                 o.zero_grad()
@@ -80,6 +81,9 @@ def test_nan_grad_is_named_counted_and_never_sent(tmp_path):
                     p_.model["fc2"].bias.grad[0] = math.nan
                 o.step()
     opt.monitor.close()
+    told = [str(w.message) for w in caught if "NaN or Inf" in str(w.message)]
+    assert "'fc2.bias' has NaN or Inf in its grad and update at step 3 (first" in told[0]
+    assert [t.split("'")[1] for t in told] == ["fc2.bias", "fc1.weight", "fc1.bias", "fc2.weight"]  # once each
     for (_, a), (_, b) in zip(problem.named, plain_problem.named):
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
     for rows in (read_jsonl(tmp_path), read_tensorboard(tmp_path)):

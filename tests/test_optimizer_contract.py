@@ -45,7 +45,8 @@ def test_not_an_optimizer_class_is_a_type_error(bad):
 
 def test_isinstance_and_refuses_what_base_refuses(tmp_path):
     p = nn.Parameter(torch.ones(3))
-    opt = Monitored(torch.optim.AdamW)([p], lr=1e-3, monitor=quiet(tmp_path))
+    with pytest.warns(UserWarning, match="parameters have no names"):
+        opt = Monitored(torch.optim.AdamW)([p], lr=1e-3, monitor=quiet(tmp_path))
     assert isinstance(opt, torch.optim.AdamW)
     for kwargs, exc in [(dict(lr=-1.0), ValueError), (dict(betas=(1.5, 0.9)), ValueError), (dict(bogus=1), TypeError)]:
         with pytest.raises(exc) as plain:
@@ -100,7 +101,8 @@ def test_hooks_fire_once_per_step(plain_first, tmp_path):
     handles = [register_optimizer_step_pre_hook(lambda o, a, k: calls.append("gpre")),
                register_optimizer_step_post_hook(lambda o, a, k: calls.append("gpost"))]
     try:
-        opt = Monitored(torch.optim.Adam)([p], lr=0.1, monitor=quiet(tmp_path))
+        with pytest.warns(UserWarning, match="parameters have no names"):
+            opt = Monitored(torch.optim.Adam)([p], lr=0.1, monitor=quiet(tmp_path))
         opt.register_step_pre_hook(lambda o, a, k: calls.append("pre"))
         opt.register_step_post_hook(lambda o, a, k: calls.append("post"))
         for _ in range(2):

@@ -353,3 +353,9 @@ def test_shorten_keeps_the_layer_index_and_the_end():
         short = shorten(name, width)
         assert len(short) <= width and "11" in short and short.endswith("weight"), short
     assert shorten("fc1.weight", 20) == "fc1.weight"
+
+
+def test_a_wandb_only_run_directory_says_where_its_figures_are(tmp_path):
+    (tmp_path / "wandb").mkdir()
+    with pytest.raises(ReportError, match="it holds a W&B run.*MONITORED_OPTIM_BACKEND=wandb,jsonl"):
+        load_run(tmp_path)

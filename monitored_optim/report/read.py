@@ -109,6 +109,9 @@ def _hint_subdirectories(path: Path) -> str:
     except OSError:
         return ""
     if not runs:
+        if (path / "wandb").is_dir():
+            return (" (it holds a W&B run: W&B runs are read in W&B, `wandb sync` for an offline one; to also keep "
+                    "a local copy for this report, log with MONITORED_OPTIM_BACKEND=wandb,jsonl)")
         return ""
     shown = ", ".join(str(d) for d in runs[:3]) + (", ..." if len(runs) > 3 else "")
     return f" (runs found in subdirectories: {shown}; pass one of them)"
