@@ -4,14 +4,15 @@
     MONITORED_OPTIM_BACKEND=jsonl python examples/digits.py
 
 The only change from a plain PyTorch loop is ``Monitored(torch.optim.AdamW)``. At the end it prints
-each layer's latest update-to-data ratio, log10(std(update) / std(weights)), and marks weight
-matrices outside the healthy band [-4, -2] around Karpathy's rule of thumb of -3 (biases are vectors,
-which the band does not judge).
+each layer's update-to-data ratio, log10(std(update) / std(weights)), as the median over the last 20
+logged steps (the report's rule), and marks weight matrices whose median is outside the healthy band
+[-4, -2] around Karpathy's rule of thumb of -3 (biases are vectors, which the band does not judge).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections import OrderedDict
 
@@ -39,21 +40,30 @@ def model() -> nn.Module:
                                      act2=nn.ReLU(), head=nn.Linear(64, 10)))
 
 
-def ratio_table(latest: dict[str, float], matrices: set[str]) -> str:
-    """One row per parameter: its update-to-data ratio, and for a weight matrix (``matrices``) a mark
-    when outside the healthy band; a vector (bias, norm gain) is not judged by the band: its small
-    spread makes its ratio read higher, so watch its trend instead."""
-    rows = [(tag.split("/", 1)[1], value) for tag, value in latest.items() if tag.startswith("update_to_data/")]
-    width = max([len("parameter")] + [len(name) for name, _ in rows])
+WINDOW = 20
+"""Logged steps the table's medians cover: the same rule as ``python -m monitored_optim report``."""
+
+
+def ratio_table(history: list[dict[str, float]], matrices: set[str]) -> str:
+    """One row per parameter: the median of its update-to-data ratio over the last :data:`WINDOW`
+    logged steps (``history``: ``opt.monitor.latest`` of each logging step), and for a weight matrix
+    (``matrices``) a mark when that median is outside the healthy band, the rule the report uses;
+    three decimals where two would round onto a band edge. A vector (bias, norm gain) is not judged
+    by the band: its small spread makes its ratio read higher, so watch its trend instead."""
+    window = history[-WINDOW:]
+    names = [tag.split("/", 1)[1] for tag in window[-1] if tag.startswith("update_to_data/")]
+    width = max([len("parameter")] + [len(name) for name in names])
     lines = [f"{'parameter':<{width}}  update_to_data", f"{'-' * width}  --------------"]
-    for name, value in rows:
+    for name in names:
+        value = statistics.median(row[f"update_to_data/{name}"] for row in window if f"update_to_data/{name}" in row)
         if name not in matrices:
             mark = "  (vector: not judged by the band)"
         elif HEALTHY[0] <= value <= HEALTHY[1]:
             mark = ""
         else:
             mark = "  <- barely moves" if value < HEALTHY[0] else "  <- thrashing"
-        lines.append(f"{name:<{width}}  {value:>14.2f}{mark}")
+        digits = 3 if any(abs(value - edge) < 0.005 and value != edge for edge in HEALTHY) else 2
+        lines.append(f"{name:<{width}}  {value:>14.{digits}f}{mark}")
     return "\n".join(lines)
 
 
@@ -105,6 +115,7 @@ def main() -> None:
     opt = Monitored(torch.optim.AdamW)(net.named_parameters(), lr=args.lr, weight_decay=1e-2)
     loss_fn = nn.CrossEntropyLoss()
     start = time.perf_counter()
+    history = []  # the figures of each logging step, for the table's medians
     bar = tqdm(range(args.epochs), desc="epochs", unit="epoch")
     for _ in bar:
         for idx in torch.randperm(len(x_tr)).split(args.batch_size):
@@ -112,6 +123,8 @@ def main() -> None:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if opt.monitor.latest:
+                history.append(opt.monitor.latest)
         bar.set_postfix(loss=f"{loss.item():.3f}", step=opt.monitor.step)
     with torch.no_grad():
         accuracy = (net(x_te).argmax(1) == y_te).float().mean().item()
@@ -119,8 +132,9 @@ def main() -> None:
 
     print(f"\n{opt.monitor.step} optimizer steps in {time.perf_counter() - start:.1f} s, "
           f"test accuracy {accuracy:.3f}")
-    print(f"\nUpdate-to-data ratio at step {opt.monitor.step} (healthy near -3, band {list(HEALTHY)}):")
-    print(ratio_table(opt.monitor.latest, {n for n, p in net.named_parameters() if p.dim() >= 2}))
+    print(f"\nUpdate-to-data ratio, median over the last {min(WINDOW, len(history))} logged steps (healthy near -3, "
+          f"band {list(HEALTHY)} for weight matrices):")
+    print(ratio_table(history, {n for n, p in net.named_parameters() if p.dim() >= 2}))
     print(health_summary(opt.monitor.latest))
     print(where_logged(opt.monitor.settings))
 

@@ -77,7 +77,7 @@ def main() -> None:
               f"test accuracy {accuracy:.3f}")
         print(f"Rank 0 holds the shards {shard}; the figures are of the whole parameters.")
         print(f"\nUpdate-to-data ratio at step {opt.monitor.step} (healthy near -3, band {list(HEALTHY)}):")
-        print(ratio_table(opt.monitor.latest, {n for n, p in net.named_parameters() if p.dim() >= 2}))
+        print(ratio_table([opt.monitor.latest], {n for n, p in net.named_parameters() if p.dim() >= 2}))
         print(health_summary(opt.monitor.latest))
         print(where_logged(opt.monitor.settings))
     dist.destroy_process_group()
