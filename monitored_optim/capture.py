@@ -311,12 +311,21 @@ def _is_one(s: float | Tensor) -> bool:
     return not isinstance(s, Tensor) and s == 1.0
 
 
+def storage_key(p: Tensor) -> int | None:
+    """The data pointer of ``p``'s storage (None for a sparse or meta tensor, which has none to share)."""
+    return None if p.is_sparse or p.device.type == "meta" else p.untyped_storage().data_ptr()
+
+
 def storages(params: Iterator[Tensor]) -> dict[int, int]:
-    """How many of ``params`` use each storage (keyed by its data pointer; meta and sparse skipped)."""
+    """How many of ``params`` use each storage, by :func:`storage_key`."""
     count: dict[int, int] = {}
-    for p in params:
-        if p.is_sparse or p.device.type == "meta":
-            continue
-        key = p.untyped_storage().data_ptr()
-        count[key] = count.get(key, 0) + 1
+    for key in map(storage_key, params):
+        if key is not None:
+            count[key] = count.get(key, 0) + 1
     return count
+
+
+def aliased(p: Tensor, counts: dict[int, int]) -> bool:
+    """Whether another of the parameters counted in ``counts`` (:func:`storages`) shares ``p``'s storage."""
+    key = storage_key(p)
+    return key is not None and counts.get(key, 0) > 1

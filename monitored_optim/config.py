@@ -50,7 +50,7 @@ _FAMILY_OF = {"update_norm": "norms", "grad_norm": "norms", "param_norm": "norms
 def family(tag: str) -> str:
     """The figure family of a tag without prefix (``update_norm/fc1.weight`` -> ``norms``)."""
     head = tag.split("/", 1)[0]
-    return _FAMILY_OF.get(tag if head == "health" else head, _FAMILY_OF.get(head, head))
+    return _FAMILY_OF.get(tag, _FAMILY_OF.get(head, head))
 DEFAULT_BACKEND = "tensorboard"
 DEFAULT_EVERY = 1
 COUNTS = ("updates", "calls")

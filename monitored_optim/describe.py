@@ -81,8 +81,7 @@ def _capture(monitor: Any, name: str, p: torch.Tensor, storages: dict[int, int],
         return "skipped (left out by the selection: params=, exclude= or MONITORED_OPTIM_PARAMS)"
     if monitor.view is CLONE:
         return "clone (no state-aware view for this optimizer's step)"
-    aliased = not p.is_sparse and p.device.type != "meta" and storages.get(p.untyped_storage().data_ptr(), 0) > 1
-    reason = capture.snapshot_reason(p, aliased, name in monitor._risky)
+    reason = capture.snapshot_reason(p, capture.aliased(p, storages), name in monitor._risky)
     if reason is not None:
         return f"snapshot ({reason})"
     limit = budget // p.element_size()

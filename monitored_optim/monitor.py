@@ -260,19 +260,18 @@ class Monitor:
         entries = []
         storages = capture.storages(p for group in optimizer.param_groups for p in group["params"])
         cut = split and elementwise(self.view)
-        chosen = [(n, p) for group, names in zip(optimizer.param_groups, _names(optimizer, self._model_names))
+        chosen = [(group, n, p) for group, names in zip(optimizer.param_groups, _names(optimizer, self._model_names))
                   for n, p in zip(names, group["params"]) if self.settings.select(n, p)]
-        self._budget = capture.budget(sum(_nbytes(p) for _, p in chosen))
-        for group, names in zip(optimizer.param_groups, _names(optimizer, self._model_names)):
-            for name, p in zip(names, group["params"]):
-                if not (p.is_floating_point() or p.is_complex()) or not self.settings.select(name, p):
-                    continue  # integer tensors (frozen quantized weights) are never stepped; left out
-                reason = capture.snapshot_reason(p, storages.get(_storage(p), 0) > 1, name in self._risky)
-                lead = None
-                for part in capture.parts(p, optimizer.state.get(p, {}), cut, self._budget // p.element_size()):
-                    e = self._entry(name, group, part, reason, lead)
-                    lead = lead or e
-                    entries.append(e)
+        self._budget = capture.budget(sum(_nbytes(p) for _, _, p in chosen))
+        for group, name, p in chosen:
+            if not (p.is_floating_point() or p.is_complex()):
+                continue  # integer tensors (frozen quantized weights) are never stepped
+            reason = capture.snapshot_reason(p, capture.aliased(p, storages), name in self._risky)
+            lead = None
+            for part in capture.parts(p, optimizer.state.get(p, {}), cut, self._budget // p.element_size()):
+                e = self._entry(name, group, part, reason, lead)
+                lead = lead or e
+                entries.append(e)
         for e in entries:
             if e.lead is None:
                 e.slots.update({kind: batch.slot() for kind in _KINDS})
@@ -331,10 +330,9 @@ class Monitor:
         figures.update({f"global/{kind}_norm": math.sqrt(v) for kind, v in zip(("param", "grad", "update"), sq_norms)})
         errors = [_verify_error(e, *got["verify"], told=self._verify_told)
                   for e, (got, _) in zip(entries, hosted) if "verify" in got]
-        records = _health_records(entries, hosted, table)
         figures.update(_learning_rates(optimizer))
         if "health" in self.settings.figures:  # its counts and warnings need the grads it reduces
-            figures.update(self.health.figures(records, self.step))
+            figures.update(self.health.figures(_health_records(entries, hosted, table), self.step))
         if self._families:
             step = families.Step(self.step, [e.name for e in entries], table, [got for got, _ in hosted],
                                  [_float_lr(e.group) if "state" in self.settings.figures else None for e in entries],
@@ -472,11 +470,6 @@ def _names(optimizer: torch.optim.Optimizer, known: dict[int, str] | None = None
         names.append(own)
         k += len(group["params"])
     return names
-
-
-def _storage(p: Tensor) -> int | None:
-    """The key :func:`~monitored_optim.capture.storages` counts ``p`` under."""
-    return None if p.is_sparse or p.device.type == "meta" else p.untyped_storage().data_ptr()
 
 
 def _accumulate(e: _Entry, key: str, value: Tensor, norms: bool = False) -> None:

@@ -18,11 +18,12 @@ A family keeps what it needs between logging steps (a baseline, a warm-started v
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from torch import Tensor
 
 from ..stats import MomentTable
+from .base import Family
 from .spectral import Spectral
 from .spikes import Spikes
 from .state import OptimizerState
@@ -49,20 +50,6 @@ class Step:
     lrs: list[float | None]
     shapes: list[Any]
     figures: dict[str, float]
-
-
-class Family(Protocol):
-    """A figure family (see the module docstring)."""
-
-    def part(self, name: str, whole: Tensor, u: Tensor, span: slice | None, state: dict[str, Any],
-             group: dict[str, Any]) -> dict[str, Tensor]:
-        """Device pieces of one part (may be empty)."""
-
-    def done(self) -> dict[str, dict[str, Tensor]]:
-        """Device pieces per parameter name, once all parts are in."""
-
-    def figures(self, step: Step) -> dict[str, float]:
-        """Host figures of the logging step."""
 
 
 REGISTRY: dict[str, type] = {"spikes": Spikes, "state": OptimizerState, "spectral": Spectral}

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .base import Family
+
 ITERATIONS = 4
 BLOCK = 16
 """Vectors iterated together (subspace iteration): with the Rayleigh-Ritz estimate from a block,
@@ -32,7 +34,7 @@ sigma_max converges within a few logging steps even where the top singular value
 (Muon's orthogonalized updates have a nearly flat spectrum, where one vector converges slowly)."""
 
 
-class Spectral:
+class Spectral(Family):
     """The ``spectral`` family (see the module docstring)."""
 
     def __init__(self) -> None:

@@ -22,6 +22,7 @@ from collections import deque
 from typing import Any
 
 from .._warnings import warn
+from .base import Family
 
 WINDOW = 20
 MIN_HISTORY = 5
@@ -30,19 +31,13 @@ FLOOR = 1.0
 FIGURES = ("grad_norm", "update_to_data")
 
 
-class Spikes:
+class Spikes(Family):
     """``health/spikes``: the number of parameters whose grad norm or update-to-data ratio spiked at
     this logging step; a warning names the first parameters to spike and the step."""
 
     def __init__(self) -> None:
         self._history: dict[tuple[str, str], deque[float]] = {}
         self._told = False
-
-    def part(self, name: str, whole: Any, u: Any, span: Any, state: Any, group: Any) -> dict:
-        return {}
-
-    def done(self) -> dict:
-        return {}
 
     def figures(self, step: Any) -> dict[str, float]:
         spiking = []

@@ -24,8 +24,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .base import Family
 
-class OptimizerState:
+
+class OptimizerState(Family):
     """The ``state`` family (see the module docstring)."""
 
     def part(self, name: str, whole: Tensor, u: Tensor, span: slice | None, state: dict[str, Any],
@@ -41,9 +43,6 @@ class OptimizerState:
             below = (v.detach().double() < (eps * eps) * bias).sum().double().reshape(1)
             pieces["eps_count"] = below
         return pieces
-
-    def done(self) -> dict:
-        return {}
 
     def figures(self, step: Any) -> dict[str, float]:
         table, out = step.table, {}

@@ -1,0 +1,26 @@
+"""The base of a figure family: no device work unless it says so (see ``families/__init__.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+
+class Family:
+    """A figure family. ``part`` and ``done`` return no device pieces unless a family overrides them;
+    every family defines ``figures``."""
+
+    def part(self, name: str, whole: Tensor, u: Tensor, span: slice | None, state: dict[str, Any],
+             group: dict[str, Any]) -> dict[str, Tensor]:
+        """Device pieces of one part of parameter ``name`` (1-D float64 tensors), from its stored
+        change ``u`` and its ``state`` slice; none by default."""
+        return {}
+
+    def done(self) -> dict[str, dict[str, Tensor]]:
+        """Device pieces per parameter name once all parts are in; none by default."""
+        return {}
+
+    def figures(self, step: Any) -> dict[str, float]:
+        """Host figures of the logging step (``step``: a :class:`~monitored_optim.families.Step`)."""
+        raise NotImplementedError
