@@ -30,6 +30,7 @@ ENV_COUNT = "MONITORED_OPTIM_COUNT"
 ENV_PARAMS = "MONITORED_OPTIM_PARAMS"
 ENV_FIGURES = "MONITORED_OPTIM_FIGURES"
 ENV_TAG_BUDGET = "MONITORED_OPTIM_TAG_BUDGET"
+ENV_COMPILE = "MONITORED_OPTIM_COMPILE"
 DEFAULT_TAG_BUDGET = 2000
 FAMILIES = ("update_to_data", "grad_to_data", "norms", "lr", "health", "update_lost", "spikes", "state", "spectral")
 """Figure families ``MonitorConfig.figures`` chooses from: ``norms`` are ``update_norm``,
@@ -112,6 +113,11 @@ class MonitorConfig:
             ``scaler.step(opt)`` / ``opt.step()`` call, skipped ones included, which is what the
             Hugging Face Trainer's and Lightning's global step count. Environment:
             ``MONITORED_OPTIM_COUNT``.
+        compile: the fused capture (``monitored_optim/fused.py``): ``True`` compiles each chunk's
+            rebuild and sums with ``torch.compile`` (one pass over p, grad and state; the first
+            logging step pays the compile), ``False`` keeps the eager capture, ``"auto"`` (default)
+            fuses on CUDA devices only. Environment: ``MONITORED_OPTIM_COMPILE`` (``1``, ``0`` or
+            ``auto``).
 
     Raises:
         ValueError: from :func:`resolve` (at optimizer construction) for a value of the wrong
@@ -132,6 +138,7 @@ class MonitorConfig:
     exclude: str | Sequence[str] | None = None
     figures: str | Sequence[str] | None = None
     tag_budget: int | None = None
+    compile: bool | str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +157,7 @@ class Settings:
     select: Callable[[str, torch.Tensor], bool] = lambda name, p: True
     figures: frozenset[str] = frozenset(DEFAULT_FIGURES)
     tag_budget: int = DEFAULT_TAG_BUDGET
+    compile: str = "auto"
 
 
 def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = None) -> Settings:
@@ -183,6 +191,7 @@ def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = No
     params, params_src = _pick(config.params, "MonitorConfig.params", env, ENV_PARAMS)
     figures, figures_src = _pick(config.figures, "MonitorConfig.figures", env, ENV_FIGURES)
     budget, budget_src = _pick(config.tag_budget, "MonitorConfig.tag_budget", env, ENV_TAG_BUDGET)
+    compiled, compile_src = _pick(config.compile, "MonitorConfig.compile", env, ENV_COMPILE)
     _check_types(config)
     sinks = _sinks(backend)
     if sinks:
@@ -199,6 +208,7 @@ def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = No
         select=_parse_selection(params, params_src, config.exclude),
         figures=frozenset(DEFAULT_FIGURES) if figures is None else _parse_figures(figures, figures_src),
         tag_budget=DEFAULT_TAG_BUDGET if budget is None else _parse_budget(budget, budget_src),
+        compile="auto" if compiled is None else _parse_compile(compiled, compile_src),
     )
 
 
@@ -215,6 +225,7 @@ _FIELD_TYPES = {
     "exclude": ((str, list, tuple), "a glob or a list of globs"),
     "figures": ((str, list, tuple), f"'all' or some of {', '.join(FAMILIES)}"),
     "tag_budget": ((int,), "an integer >= 1"),
+    "compile": ((bool, str), "True, False or 'auto'"),
 }
 """The Python types each explicit ``MonitorConfig`` field takes, and how the error names them."""
 
@@ -308,6 +319,19 @@ def _parse_flag(value: bool | str, source: str) -> bool:
     if text in _TRUE + _FALSE:
         return text in _TRUE
     raise ValueError(f"{source}={value!r} is not a valid flag: expected one of {', '.join(_TRUE + _FALSE)}")
+
+
+def _parse_compile(value: bool | str, source: str) -> str:
+    """``"on"``, ``"off"`` or ``"auto"`` from a flag or ``auto``."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    if isinstance(value, str) and source.startswith("MonitorConfig"):
+        raise ValueError(f"{source}={value!r} is not valid (str): expected True, False or 'auto'")
+    try:
+        return "on" if _parse_flag(value, source) else "off"
+    except ValueError:
+        raise ValueError(f"{source}={value!r} is not valid: expected auto or one of "
+                         f"{', '.join(_TRUE + _FALSE)}") from None
 
 
 def _parse_count(value: str, source: str) -> str:

@@ -21,12 +21,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import amp, capture, distributed, families, grouping, stats
+from . import amp, capture, distributed, families, fused, grouping, stats
 from ._warnings import warn
 from .backends import Fanout
 from .config import MonitorConfig, Settings, family, resolve
 from .health import Health, ParamHealth
 from .updates import Cloned, Rows, View, elementwise, raw_step, rebuild, view_for
+from .families.base import Family
 
 VERIFY_RTOL = 1e-3
 """Verify mode's tolerance, relative to the update itself: ``||excess|| <= VERIFY_RTOL * ||u_clone||``
@@ -54,6 +55,7 @@ class _Entry:
     pieces: dict[str, Tensor] = field(default_factory=dict)
     clone: Tensor | None = None
     extremes: Tensor | None = None
+    fused: bool = False
 
     @property
     def owner(self) -> _Entry:
@@ -113,6 +115,7 @@ class Monitor:
         self._centre: dict[tuple[str, str], bool] = {}
         self._risky: set[str] = set()
         self._budget = capture.PART_ELEMENTS * 4
+        self._fuser = fused.Fuser()
         _warn_if_shared(self.settings)
         _ALL.add(self)
         amp.install()
@@ -232,8 +235,12 @@ class Monitor:
         p_before and the grads (a closure's, where the step takes one)."""
         sharding = distributed.sharding(optimizer)  # None outside torch.distributed
         batch = stats.Batch()
+        grad_scale = getattr(optimizer, "grad_scale", None)
+        fuse = (sharding is None and grad_scale is None and not self.settings.verify
+                and not _closure(args, kwargs, self._closure_first)
+                and all(type(fam).part is Family.part for fam in self._families))
         entries = self._before(optimizer if sharding is None else sharding.local, batch,
-                               getattr(optimizer, "grad_scale", None), split=sharding is None)
+                               grad_scale, split=sharding is None, fuse=fuse)
         if sharding is not None:  # views that are not element-wise cannot rebuild a shard's update
             sharding.clone_where_needed(entries, self.view)
         args, kwargs = _record_grads_after_closure(entries, batch, args, kwargs, self._closure_first)
@@ -254,10 +261,11 @@ class Monitor:
 
     @torch.no_grad()
     def _before(self, optimizer: torch.optim.Optimizer, batch: stats.Batch,
-                grad_scale: Tensor | None, split: bool = True) -> list[_Entry]:
+                grad_scale: Tensor | None, split: bool = True, fuse: bool = False) -> list[_Entry]:
         """An entry per part of each monitored parameter, with its snapshot, and the sums of p_before
-        and the grad in ``batch`` (``split``: large parameters may be cut into parts)."""
-        entries = []
+        and the grad in ``batch`` (``split``: large parameters may be cut into parts; ``fuse``: the
+        fused capture may take whole parameters, whose sums it takes after the step)."""
+        entries, copies = [], []
         storages = capture.storages(p for group in optimizer.param_groups for p in group["params"])
         cut = split and elementwise(self.view)
         chosen = [(group, n, p) for group, names in zip(optimizer.param_groups, _names(optimizer, self._model_names))
@@ -267,28 +275,59 @@ class Monitor:
             if not (p.is_floating_point() or p.is_complex()):
                 continue  # integer tensors (frozen quantized weights) are never stepped
             reason = capture.snapshot_reason(p, capture.aliased(p, storages), name in self._risky)
+            if fuse and self._fusable(group, p, reason):  # whole, its sums taken after the step
+                part = capture.Part(p, optimizer.state.get(p, {}), p)
+                if reason is not None:
+                    copies.append(_Entry(name, group, p, None, part, fused=True))
+                entries.append(copies[-1] if reason is not None else self._entry(name, group, part, None, None, True))
+                continue
             lead = None
             for part in capture.parts(p, optimizer.state.get(p, {}), cut, self._budget // p.element_size()):
                 e = self._entry(name, group, part, reason, lead)
                 lead = lead or e
                 entries.append(e)
+        if copies:  # the snapshot rule's copies of fused entries, in one op (x·1 is x, bit for bit)
+            for e, before in zip(copies, torch._foreach_mul([e.p for e in copies], 1.0)):
+                e.snapshot = Cloned(before)
         for e in entries:
             if e.lead is None:
                 e.slots.update({kind: batch.slot() for kind in _KINDS})
-        _record(batch, entries, "p", [e.p for e in entries], self._centring(entries, "p"))
+        eager = [e for e in entries if not e.fused]
+        _record(batch, eager, "p", [e.p for e in eager], self._centring(eager, "p"))
         if self.settings.figures & {"grad_to_data", "norms", "health"}:
-            _record_grads(batch, entries, grad_scale, self._centring(entries, "grad"))
+            _record_grads(batch, eager, grad_scale, self._centring(eager, "grad"))
+        for e in entries:
+            if e.fused:
+                e.slots["grad"] = batch.slot()
         return entries
 
+    def _fusable(self, group: dict[str, Any], p: Tensor, reason: str | None) -> bool:
+        """Whether the fused capture takes ``p`` on this logging step: a non-empty dense float32/float64
+        parameter with a grad of its dtype, on a device where it is enabled, snapshotted by the rule
+        or rebuilt by a view with a fused form (``updates``' ``fused``)."""
+        grad = p.grad
+        if not (p.dtype in (torch.float32, torch.float64) and type(p) in (Tensor, torch.nn.Parameter)
+                and p.layout == torch.strided and p.numel() > 0 and grad is not None and grad.layout == torch.strided
+                and grad.dtype == p.dtype and fused.enabled(self.settings.compile, p.device)):
+            return False
+        if not getattr(self.view, "keeps_grad", lambda g: True)(group):
+            return False  # its step rewrites p.grad: the grad's sums must be taken before it
+        fusable = getattr(self.view, "fusable", None)
+        return reason is not None or (fusable is not None and fusable(group))
+
     def _entry(self, name: str, group: dict[str, Any], part: capture.Part, reason: str | None,
-               lead: _Entry | None) -> _Entry:
+               lead: _Entry | None, fuse: bool = False) -> _Entry:
         """The entry of one part: the snapshot rule's copy where ``reason`` says so (the view is
         still run where its intended update is needed: bf16/fp16 ``update_lost``, verify mode),
-        else the view's own snapshot; verify mode's clone where neither holds p_before."""
+        else the view's own snapshot; verify mode's clone where neither holds p_before. ``fuse``:
+        the fused capture takes it where the snapshot is a copy or nothing (the view's fused form)."""
         verify = self.settings.verify
         if reason is not None and not (verify or part.p.dtype in capture.LOW_PRECISION):
             return _Entry(name, group, part.p, Cloned(part.p.detach().clone()), part, lead)
         e = _Entry(name, group, part.p, self.view.before(group, part.p, part.state), part, lead)
+        e.fused = fuse and (e.snapshot is None or isinstance(e.snapshot, Cloned))
+        if e.fused:  # no bounds: the fused forms store p once, where the inversion of a constant is exact
+            return e
         if reason is not None and not isinstance(e.snapshot, Cloned):
             e.copy = part.p.detach().clone()
         if e.before is None:
@@ -306,8 +345,9 @@ class Monitor:
                  sharding: distributed.Sharding | None = None) -> dict[str, float]:
         state = (optimizer if sharding is None else sharding.local).state
         self._device_families = self._families if sharding is None else []  # no pieces to all_reduce
-        for chunk in _chunks(entries, self._budget):
+        for chunk in _chunks([e for e in entries if not e.fused], self._budget):
             self._measure_updates(chunk, [e.part.refresh(state.get(e.part.whole, {})) for e in chunk], batch)
+        self._fuse([e for e in entries if e.fused], state, batch)
         rows = batch.finish()
         entries = [e for e in entries if e.lead is None]
         by_name = {e.name: e for e in entries}
@@ -372,6 +412,37 @@ class Monitor:
                                     if kind != "grad" or "grad" in got)
                 (self._risky.add if risk and "u" in got else self._risky.discard)(e.name)
         return figures
+
+    def _fuse(self, entries: list[_Entry], state: dict[Tensor, dict[str, Any]], batch: stats.Batch) -> None:
+        """The rows of p_before, grad and u of every fused entry into ``batch``: one call of the fused
+        capture per chunk of up to :data:`~monitored_optim.fused.CHUNK` parameters of one param group,
+        device, dtype, rank and kind (snapshotted or rebuilt), so that identical blocks share a graph."""
+        kinds: dict[tuple[Any, ...], list[_Entry]] = {}
+        for e in entries:
+            key = (id(e.group), e.p.device, e.p.dtype, e.p.dim(), isinstance(e.snapshot, Cloned))
+            kinds.setdefault(key, []).append(e)
+        for key, members in kinds.items():
+            for i in range(0, len(members), fused.CHUNK):
+                chunk = members[i:i + fused.CHUNK]
+                after, grads = [e.p for e in chunk], [e.p.grad for e in chunk]
+                rows = (self._fuser(fused.snapshotted, [e.snapshot.before for e in chunk], after, grads) if key[-1]
+                        else self._rebuilt_rows(chunk[0].group, after, [state.get(p, {}) for p in after], grads))
+                counts = [stats.count(p) for p in after]
+                for kind, table in zip(_KINDS, rows.unbind(0)):
+                    batch.put(table, counts, [e.slots[kind] for e in chunk])
+
+    def _rebuilt_rows(self, group: dict[str, Any], after: list[Tensor], states: list[dict[str, Any]],
+                      grads: list[Tensor]) -> Tensor:
+        """:func:`~monitored_optim.fused.inverted` of a chunk through the view's fused form, or, where
+        it has none for these states, the view's eager rebuild and inversion with p_before = p_after - u."""
+        form = self.view.fused(group, after, states)  # type: ignore[attr-defined]
+        if form is not None:
+            return self._fuser(fused.inverted, *form, after, grads)
+        before = []
+        for p, result in zip(after, rebuild(self.view, group, after, states, [None] * len(after))):
+            u = capture.stored_change(p, result, None)[0]
+            before.append(p.detach() if u is None else p.detach() - u)
+        return fused.snapshotted(before, after, grads)
 
     def _measure_updates(self, chunk: list[_Entry], states: list[dict[str, Any]], batch: stats.Batch) -> None:
         """The stored change of each part of one chunk (one param group, one device): rebuilt by the
@@ -602,6 +673,12 @@ def _closure_is_first(optimizer_cls: type) -> bool:
     return names[1:2] == ["closure"]
 
 
+def _closure(args: tuple[Any, ...], kwargs: dict[str, Any], closure_first: bool) -> Callable[[], Any] | None:
+    """The closure a ``step()`` call passes, if any."""
+    closure = kwargs["closure"] if "closure" in kwargs else (args[0] if args and closure_first else None)
+    return closure if callable(closure) else None
+
+
 def _record_grads_after_closure(entries: list[_Entry], batch: stats.Batch, args: tuple[Any, ...],
                                 kwargs: dict[str, Any], closure_first: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Wrap a closure so that the grad moments are those its first call produced.
@@ -609,9 +686,8 @@ def _record_grads_after_closure(entries: list[_Entry], batch: stats.Batch, args:
     A closure-driven step (``SGD.step(closure)``, ``LBFGS``) computes the gradient inside
     ``step()``; what ``p.grad`` held before is stale or ``None``.
     """
-    in_kwargs = "closure" in kwargs
-    closure = kwargs["closure"] if in_kwargs else (args[0] if args and closure_first else None)
-    if not callable(closure):
+    closure = _closure(args, kwargs, closure_first)
+    if closure is None:
         return args, kwargs
     done = False
 
@@ -624,7 +700,7 @@ def _record_grads_after_closure(entries: list[_Entry], batch: stats.Batch, args:
                 _record_grads(batch, entries, None)
         return loss
 
-    if in_kwargs:
+    if "closure" in kwargs:
         return args, {**kwargs, "closure": wrapped}
     return (wrapped, *args[1:]), kwargs
 

@@ -149,11 +149,7 @@ class Batch:
         Returns:
             One slot index per tensor, in order.
         """
-        first = len(self._counts)
-        self._counts += [count(x) for x in xs]
-        for target in (into if into is not None else [None] * len(xs)):
-            self._owner.append(self._slots if target is None else target)
-            self._slots += target is None
+        first = self._enter([count(x) for x in xs], into)
         factors = _factor_vector(scale, xs)
         scratch = [scratch] * len(xs) if isinstance(scratch, bool) else list(scratch)
         groups: dict[tuple[torch.device, torch.dtype | None], list[int]] = {}
@@ -166,11 +162,36 @@ class Batch:
                 dense = [_dense_real(xs[i]) for i in idx]
                 table = torch.stack([torch.stack([d.sum() for d in dense]), _norms(dense)], 1)
             f = None if factors is None else _pick(factors, idx, len(xs)).to(device)
-            key = (device, table.shape[1])
-            start = self._reserve(key, len(idx))
-            self._store[key][start:start + len(idx)].copy_(table)  # the small table dies here
-            self._parts.setdefault(key, []).append(([first + i for i in idx], f))
+            self._place(table, [first + i for i in idx], f)
         return self._owner[first:]
+
+    def put(self, rows: Tensor, counts: Sequence[int], into: Sequence[int]) -> None:
+        """Add rows of shifted sums computed elsewhere (the fused capture, ``fused.shifted_rows``).
+
+        Args:
+            rows: float64 tensor of shape ``(k, 3)``: per tensor ``(c, Σ(x - c), sqrt(Σ(x - c)^2))``
+                for a shift c (read as :func:`_centred`'s rows).
+            counts: the k element counts (:func:`count`).
+            into: the k slots (from :meth:`slot`) the rows are parts of.
+        """
+        first = self._enter(list(counts), into)
+        self._place(rows, list(range(first, first + len(counts))), None)
+
+    def _enter(self, counts: list[int], into: Sequence[int | None] | None) -> int:
+        """Record the counts of new rows and their slots (a new one per None); the first row's index."""
+        first = len(self._counts)
+        self._counts += counts
+        for target in (into if into is not None else [None] * len(counts)):
+            self._owner.append(self._slots if target is None else target)
+            self._slots += target is None
+        return first
+
+    def _place(self, table: Tensor, rows: list[int], factors: Tensor | None) -> None:
+        """Copy a small table of sums (one row per entry of ``rows``) into the store of its device and width."""
+        key = (table.device, table.shape[1])
+        start = self._reserve(key, len(rows))
+        self._store[key][start:start + len(rows)].copy_(table)  # the small table dies here
+        self._parts.setdefault(key, []).append((rows, factors))
 
     def finish(self) -> list[Tensor]:
         """``(mean, m2)`` of every slot added so far, float64 tensors of shape ``(2,)`` on their devices

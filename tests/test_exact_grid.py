@@ -94,11 +94,17 @@ CASES = list(itertools.product(DTYPES, INITS, OPTIMIZERS, LRS))
 
 @pytest.mark.parametrize("dtype,init,opt_id,lr", CASES, ids=[f"{d}-{i}-{o}-{lr:g}" for d, i, o, lr in CASES])
 def test_figures_equal_clone_truth_on_real_initialisations(dtype, init, opt_id, lr, tmp_path):
+    check_case(dtype, init, opt_id, lr, tmp_path, compile=False)
+
+
+def check_case(dtype: str, init: str, opt_id: str, lr: float, tmp_path, compile: bool) -> None:
+    """One case of the grid, with the eager capture or the fused one (``compile``)."""
     seed = zlib.crc32(f"{dtype}-{init}-{opt_id}-{lr}-{os.environ.get('GRID_SEED', '')}".encode())
     gen = torch.Generator().manual_seed(seed)  # the same draws in every run (GRID_SEED to try others)
     named = [(name, torch.nn.Parameter(initial(init, shape, DTYPES[dtype], gen))) for name, shape in SHAPES.items()]
     cls, kwargs = OPTIMIZERS[opt_id]
-    opt = Monitored(cls)(named, lr=lr, **kwargs, monitor=MonitorConfig(backend="none", logdir=tmp_path))
+    opt = Monitored(cls)(named, lr=lr, **kwargs, monitor=MonitorConfig(backend="none", logdir=tmp_path,
+                                                                        compile=compile))
     low = DTYPES[dtype] != torch.float32
     tol = dict(ratio_tol=2e-3, norm_rtol=1e-3 if low else 1e-4)
     for _ in range(STEPS):

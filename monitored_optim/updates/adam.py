@@ -96,6 +96,36 @@ class AdamView:
                 out[i] = u
         return out
 
+    def fusable(self, group: dict[str, Any]) -> bool:
+        """Whether :meth:`fused` serves this group (decided before the step): number
+        hyperparameters, CPU-counted steps (neither ``capturable`` nor ``differentiable``)."""
+        return not (group["capturable"] or group["differentiable"]
+                    or any(isinstance(x, Tensor) for x in (group["lr"], *group["betas"])))
+
+    def fused(self, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]]
+              ) -> tuple[Any, tuple[Any, ...], Tensor, Tensor | None] | None:
+        """The fused form of :meth:`update_many` (``monitored_optim/fused.py``): ``(quotients, (m, v,
+        eps·b), c, s)`` with d = c·m / (sqrt(v) + eps·b) per parameter and s the decoupled-decay
+        factor (None without it); None where a state is missing, of another dtype, or its step
+        lives elsewhere than the others'."""
+        if not self.fusable(group) or not all("exp_avg" in st and st["exp_avg"].dtype == p.dtype
+                                              for p, st in zip(params, states)):
+            return None
+        steps = [st["step"] for st in states]
+        if not all(isinstance(t, Tensor) for t in steps) or len({t.device for t in steps}) > 1:
+            return None
+        device = params[0].device
+        eps_b, c = _coefficients(group, states, device)
+        if isinstance(c, Tensor):  # tensor coefficients (steps on the device)
+            eps_b = torch.stack(eps_b)
+        else:  # Python floats: one small copy each
+            eps_b, c = (torch.tensor(x, dtype=torch.float64, device=device) for x in (eps_b, c))
+        v = "max_exp_avg_sq" if group["amsgrad"] else "exp_avg_sq"
+        lr, wd = group["lr"], group["weight_decay"]
+        s = torch.tensor(1 - lr * wd, dtype=torch.float64, device=device) \
+            if wd != 0 and group["decoupled_weight_decay"] else None
+        return quotients, ([st["exp_avg"] for st in states], [st[v] for st in states], eps_b), c, s
+
     def _rebuild(self, group: dict[str, Any], params: list[Tensor],
                  states: list[dict[str, Any]]) -> list[Scaled] | list[Stores]:
         eps_b, c = _coefficients(group, states, params[0].device)
@@ -125,3 +155,9 @@ def _coefficients(group: dict[str, Any], states: list[dict[str, Any]],
         step = step.double()  # torch's step.item() in Python doubles, without a host read
     b = (1 - beta2**step).sqrt()
     return list((eps * b).to(device).unbind()), (-(lr / (1 - beta1**step)) * b).to(device)
+
+
+def quotients(m: list[Tensor], v: list[Tensor], eps_b: Tensor) -> list[Tensor]:
+    """r = m / (sqrt(v) + eps·b) per parameter (``eps_b``: float64, shape (k,)), as :meth:`AdamView._rebuild`
+    forms it (reciprocal, then product): the fused form's rebuild, traced by ``torch.compile``."""
+    return [mi * (vi.sqrt() + e.to(vi.dtype)).reciprocal() for mi, vi, e in zip(m, v, eps_b.unbind())]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from ._shared import decay_solvable, ran_foreach, to_scalar
@@ -59,6 +60,43 @@ class SgdView:
         if momentum != 0:
             d.add_(state["momentum_buffer"], alpha=momentum)
         return d.mul_(-lr / (1.0 - lr * wd))
+
+    def keeps_grad(self, group: dict[str, Any]) -> bool:
+        """Whether the step leaves ``p.grad`` as it was (not under the nesterov trap above, nor
+        ``differentiable``), so that its sums may be taken after the step."""
+        trap = group["nesterov"] and _is_zero(group["weight_decay"]) and not group["maximize"] and ran_foreach(group)
+        return not (trap or group["differentiable"])
+
+    def fusable(self, group: dict[str, Any]) -> bool:
+        """Whether :meth:`fused` serves this group: a number lr, and momentum without nesterov (u = -γ·b)
+        or plain SGD without weight decay (u = ∓γ·grad)."""
+        plain = group["momentum"] == 0 and _is_zero(group["weight_decay"])
+        return not isinstance(group["lr"], Tensor) and not group["differentiable"] and (
+            (group["momentum"] != 0 and not group["nesterov"]) or plain)
+
+    def fused(self, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]]
+              ) -> tuple[Any, tuple[Any, ...], Tensor, None] | None:
+        """The fused form (``monitored_optim/fused.py``): ``(buffers, (b,), -γ, None)`` with the momentum
+        buffers b (the dense grads, sign flipped under ``maximize``, for plain SGD); None where not
+        :meth:`fusable` or a buffer is missing."""
+        if not self.fusable(group):
+            return None
+        lr, k = group["lr"], len(params)
+        if group["momentum"] == 0:
+            if any(p.grad is None or p.grad.is_sparse for p in params):
+                return None
+            factor = lr if group["maximize"] else -lr
+            return buffers, ([p.grad for p in params],), torch.full((k,), factor, dtype=torch.float64,
+                                                                   device=params[0].device), None
+        bufs = [st.get("momentum_buffer") for st in states]
+        if any(b is None or b.dtype != p.dtype for b, p in zip(bufs, params)):
+            return None
+        return buffers, (bufs,), torch.full((k,), -lr, dtype=torch.float64, device=params[0].device), None
+
+
+def buffers(xs: list[Tensor]) -> list[Tensor]:
+    """The fused form's rebuild of SGD: the momentum buffers (or grads) themselves, d = -γ·b."""
+    return list(xs)
 
 
 def _is_zero(x: float | Tensor) -> bool:
