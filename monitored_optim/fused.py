@@ -69,8 +69,14 @@ def shifted_rows(xs: Sequence[Tensor]) -> Tensor:
     return torch.stack(rows)
 
 
+def bounds(xs: list[Tensor]) -> Tensor:
+    """``[min, max]`` of each of ``xs`` before the step, shape ``(k, 2)`` in their dtype: where they are
+    equal (a matrix initialised at 0) p_before is that value exactly (``capture.bounds``)."""
+    return torch.stack([torch.stack([x.min(), x.max()]) for x in xs])
+
+
 def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factors: Tensor, s: Tensor | None,
-             after: list[Tensor], grads: list[Tensor]) -> Tensor:
+             extremes: Tensor, after: list[Tensor], grads: list[Tensor]) -> Tensor:
     """Rows of p_before, grad and u of parameters whose update is rebuilt from state.
 
     Args:
@@ -78,15 +84,17 @@ def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factor
             d = factor·r the update the step added (``Scaled(r, factor)``).
         factors: float64 tensor of shape ``(k,)``.
         s: the decoupled-decay factor 1 - lr·λ (a 0-dim tensor: p ← s·p before the add), or None.
+        extremes: :func:`bounds` of the parameters before the step, shape ``(k, 2)``.
         after: the k parameters after the step (float32/float64, each with its grad in ``grads``).
 
     Returns:
         Float64 tensor of shape ``(3, k, 3)``: :func:`shifted_rows` of p_before, grad and u.
     """
     before = []
-    for p, r, f in zip(after, rebuild(*args), factors.unbind()):
+    for p, r, f, (lo, hi) in zip(after, rebuild(*args), factors.unbind(), extremes.unbind()):
         b = p - (r * f).to(p.dtype)  # the nearest value to p - d, rounded in p's dtype
-        before.append(b if s is None else b / s.to(p.dtype))
+        b = b if s is None else b / s.to(p.dtype)
+        before.append(torch.where(lo == hi, lo, b))  # a constant is recovered exactly
     changes = [p - b for p, b in zip(after, before)]  # exact (Sterbenz)
     return torch.stack([shifted_rows(before), shifted_rows(grads), shifted_rows(changes)])
 
@@ -96,6 +104,11 @@ def snapshotted(before: list[Tensor], after: list[Tensor], grads: list[Tensor]) 
     (shapes as :func:`inverted`'s)."""
     return torch.stack([shifted_rows(before), shifted_rows(grads),
                         shifted_rows([p - b for p, b in zip(after, before)])])
+
+
+def copied(xs: list[Tensor]) -> list[Tensor]:
+    """Exact copies of ``xs`` (the snapshot rule's p_before of a chunk), one kernel for all when compiled."""
+    return [x.clone() for x in xs]
 
 
 class Fuser:

@@ -286,9 +286,15 @@ class Monitor:
                 e = self._entry(name, group, part, reason, lead)
                 lead = lead or e
                 entries.append(e)
-        if copies:  # the snapshot rule's copies of fused entries, in one op (x·1 is x, bit for bit)
-            for e, before in zip(copies, torch._foreach_mul([e.p for e in copies], 1.0)):
+        rebuilt = [e for e in entries if e.fused and e.snapshot is None]
+        for i in range(0, len(copies), fused.CHUNK):  # the snapshot rule's copies of fused entries
+            chunk = copies[i:i + fused.CHUNK]
+            for e, before in zip(chunk, self._fuser(fused.copied, [e.p for e in chunk])):
                 e.snapshot = Cloned(before)
+        for i in range(0, len(rebuilt), fused.CHUNK):  # and the bounds of those the view rebuilds
+            chunk = rebuilt[i:i + fused.CHUNK]
+            for e, extremes in zip(chunk, self._fuser(fused.bounds, [e.p for e in chunk]).unbind()):
+                e.extremes = extremes
         for e in entries:
             if e.lead is None:
                 e.slots.update({kind: batch.slot() for kind in _KINDS})
@@ -326,7 +332,7 @@ class Monitor:
             return _Entry(name, group, part.p, Cloned(part.p.detach().clone()), part, lead)
         e = _Entry(name, group, part.p, self.view.before(group, part.p, part.state), part, lead)
         e.fused = fuse and (e.snapshot is None or isinstance(e.snapshot, Cloned))
-        if e.fused:  # no bounds: the fused forms store p once, where the inversion of a constant is exact
+        if e.fused:  # its bounds come from the fused capture
             return e
         if reason is not None and not isinstance(e.snapshot, Cloned):
             e.copy = part.p.detach().clone()
@@ -426,21 +432,22 @@ class Monitor:
                 chunk = members[i:i + fused.CHUNK]
                 after, grads = [e.p for e in chunk], [e.p.grad for e in chunk]
                 rows = (self._fuser(fused.snapshotted, [e.snapshot.before for e in chunk], after, grads) if key[-1]
-                        else self._rebuilt_rows(chunk[0].group, after, [state.get(p, {}) for p in after], grads))
+                        else self._rebuilt_rows(chunk[0].group, after, [state.get(p, {}) for p in after], grads,
+                                                [e.extremes for e in chunk]))
                 counts = [stats.count(p) for p in after]
                 for kind, table in zip(_KINDS, rows.unbind(0)):
                     batch.put(table, counts, [e.slots[kind] for e in chunk])
 
     def _rebuilt_rows(self, group: dict[str, Any], after: list[Tensor], states: list[dict[str, Any]],
-                      grads: list[Tensor]) -> Tensor:
+                      grads: list[Tensor], extremes: list[Tensor]) -> Tensor:
         """:func:`~monitored_optim.fused.inverted` of a chunk through the view's fused form, or, where
         it has none for these states, the view's eager rebuild and inversion with p_before = p_after - u."""
         form = self.view.fused(group, after, states)  # type: ignore[attr-defined]
         if form is not None:
-            return self._fuser(fused.inverted, *form, after, grads)
+            return self._fuser(fused.inverted, *form, torch.stack(extremes), after, grads)
         before = []
-        for p, result in zip(after, rebuild(self.view, group, after, states, [None] * len(after))):
-            u = capture.stored_change(p, result, None)[0]
+        for p, result, bound in zip(after, rebuild(self.view, group, after, states, [None] * len(after)), extremes):
+            u = capture.stored_change(p, result, None, bound)[0]
             before.append(p.detach() if u is None else p.detach() - u)
         return fused.snapshotted(before, after, grads)
 

@@ -114,6 +114,7 @@ def check_case(dtype: str, init: str, opt_id: str, lr: float, tmp_path, compile:
         moves = intended_moves(opt, named) if low else None
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.")  # its compiler's own
             opt.step()
         if low and opt_id == "sgd-momentum-wd":  # torch's step is p -= lr * buf: it means to move where
             moves = {n: opt.state[p]["momentum_buffer"] != 0 for n, p in named}  # its stored buffer is not 0

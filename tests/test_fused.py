@@ -1,0 +1,144 @@
+"""The fused capture (``MonitorConfig(compile=True)``): the same figures as the clone truth, the
+trajectory of the plain optimizer, and a logging step whose dispatched ops do not grow with the
+number of tensors."""
+
+from __future__ import annotations
+
+import collections
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import truth
+from monitored_optim import Monitored, MonitorConfig
+from test_exact_grid import CASES, check_case
+
+FP32 = [c for c in CASES if c[0] == "fp32"]
+
+
+@pytest.mark.parametrize("dtype,init,opt_id,lr", FP32, ids=[f"{d}-{i}-{o}-{lr:g}" for d, i, o, lr in FP32])
+def test_fused_capture_equals_clone_truth_on_the_grid(dtype, init, opt_id, lr, tmp_path):
+    """The float32 half of the exact-figures grid (the fused path takes float32/float64 only)."""
+    check_case(dtype, init, opt_id, lr, tmp_path, compile=True)
+
+
+class Block(nn.Module):
+    """Pre-norm MLP block: LayerNorm (gain 1.0, bias 0), two Linear layers with zero biases."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.up, self.down = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
+        for layer in (self.up, self.down):
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.tanh(self.up(self.norm(x))))
+
+
+def net(blocks: int, width: int = 16) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[Block(width) for _ in range(blocks)], nn.Linear(width, 4))
+
+
+SETUPS = {
+    "adamw-warmup": (torch.optim.AdamW, dict(lr=1e-7, weight_decay=0.1)),
+    "adam-l2": (torch.optim.Adam, dict(lr=1e-3, weight_decay=1e-2, amsgrad=True)),
+    "sgd-momentum": (torch.optim.SGD, dict(lr=1e-2, momentum=0.9, weight_decay=1e-4)),
+    "sgd-maximize": (torch.optim.SGD, dict(lr=1e-3, maximize=True)),
+    "rmsprop": (torch.optim.RMSprop, dict(lr=1e-4)),
+}
+
+
+def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, check: bool) -> None:
+    named = list(model.named_parameters())
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(8, 16, generator=gen)).square().mean().backward()
+        before, grads = truth.snapshot(named)
+        opt.step()
+        if check:
+            truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_fused_capture_on_a_model_matches_truth_and_trajectory(setup, tmp_path):
+    """Two blocks (LayerNorm at 1.0, zero biases), several steps: every logging step's figures
+    equal the clone truth, and parameters and state equal the plain optimizer's bit for bit."""
+    cls, kwargs = SETUPS[setup]
+    model, plain_model = net(2), net(2)
+    opt = Monitored(cls)(model.named_parameters(), **kwargs,
+                         monitor=MonitorConfig(backend="none", compile=True, logdir=tmp_path))
+    _train(model, opt, 4, check=True)
+    _train(plain_model, cls(plain_model.parameters(), **kwargs), 4, check=False)
+    for a, b in zip(model.parameters(), plain_model.parameters()):
+        assert torch.equal(a, b)
+    assert not opt.monitor._fuser._failed
+
+
+VIEWS = {"aten::select", "aten::as_strided", "aten::unsqueeze", "aten::view", "aten::reshape", "aten::slice",
+         "aten::unbind", "aten::alias", "aten::detach", "aten::expand", "aten::squeeze"}
+"""Ops that only make a view (new sizes and strides of the same memory): no kernel, no data read."""
+
+
+def _logging_step_ops(blocks: int, cls, kwargs, tmp_path) -> tuple[int, int]:
+    """aten ops other than views that the profiler records in one (warmed-up) logging step of
+    ``net(blocks)``, minus those of the plain optimizer's step on the same model; and the number of
+    tensors."""
+    counts = []
+    for monitored in (True, False):
+        model = net(blocks)
+        if monitored:
+            opt = Monitored(cls)(model.named_parameters(), **kwargs,
+                                 monitor=MonitorConfig(backend="none", compile=True, logdir=tmp_path / str(blocks)))
+        else:
+            opt = cls(model.parameters(), **kwargs)
+        model(torch.randn(8, 16)).square().mean().backward()
+        for _ in range(2):  # state exists and the fused graphs are compiled
+            opt.step()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            opt.step()
+        names = collections.Counter(e.name for e in prof.events() if e.name.startswith("aten::"))
+        counts.append(sum(n for name, n in names.items() if name not in VIEWS))
+    return counts[0] - counts[1], sum(1 for _ in model.parameters())
+
+
+@pytest.mark.parametrize("setup", ["adamw-warmup", "sgd-momentum"])
+def test_fused_logging_step_ops_do_not_grow_with_the_tensor_count(setup, tmp_path):
+    """One block (7 tensors) and four blocks (25 tensors) fit one chunk per kind: the monitor's ops
+    per logging step are the same number."""
+    cls, kwargs = SETUPS[setup]
+    small, n_small = _logging_step_ops(1, cls, kwargs, tmp_path)
+    large, n_large = _logging_step_ops(4, cls, kwargs, tmp_path)
+    print(f"{setup}: monitor ops per logging step {small} ({n_small} tensors, {small / n_small:.1f} per tensor), "
+          f"{large} ({n_large} tensors, {large / n_large:.1f} per tensor); 1 param group")
+    assert large == small, (small, large)
+
+
+def test_a_failing_compiler_warns_once_and_runs_the_fused_capture_eagerly(tmp_path):
+    """Inductor given a C++ compiler that does not exist: one warning, then the same exact figures."""
+    torch._dynamo.reset()
+    model = net(1)
+    opt = Monitored(torch.optim.AdamW)(model.named_parameters(), lr=1e-3,
+                                       monitor=MonitorConfig(backend="none", compile=True, logdir=tmp_path))
+    with torch._inductor.config.patch({"cpp.cxx": ("/nonexistent/c++",), "force_disable_caches": True}):
+        with pytest.warns(RuntimeWarning, match="compiling the fused capture failed") as caught:
+            _train(model, opt, 3, check=True)
+    assert sum("compiling the fused capture failed" in str(w.message) for w in caught) == 1
+    assert opt.monitor._fuser._failed
+    torch._dynamo.reset()
+
+
+def test_compile_off_and_auto_on_cpu_keep_the_eager_capture(tmp_path):
+    """``auto`` fuses on CUDA only; ``compile=False`` never: on a CPU neither compiles anything."""
+    for setting in (False, "auto"):
+        model = net(1)
+        opt = Monitored(torch.optim.AdamW)(model.named_parameters(), lr=1e-3,
+                                           monitor=MonitorConfig(backend="none", compile=setting, logdir=tmp_path))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _train(model, opt, 2, check=True)
+        assert opt.monitor._fuser._compiled == {}
