@@ -50,6 +50,44 @@ def enabled(mode: str, device: torch.device) -> bool:
     return mode == "on" or (mode == "auto" and device.type == "cuda")
 
 
+SMALL = 1 << 12
+"""Elements up to which a parameter is captured *flat* (eager or compiled): copied whole into one flat
+buffer with the other small parameters of its chunk before the step (its exact snapshot), so that a
+chunk of thousands of biases and norm gains costs a few ops, not a few per tensor."""
+
+FLAT = 1 << 16
+"""Most elements of one flat chunk (its float64 temporaries stay a few MiB)."""
+
+
+def segment_rows(x: Tensor, lengths: Tensor) -> Tensor:
+    """:func:`shifted_rows` of the consecutive segments of a flat tensor.
+
+    Args:
+        x: 1-D real floating tensor, the segments laid end to end.
+        lengths: int64 tensor of shape ``(k,)`` on ``x``'s device, positive, summing to ``x.numel()``.
+
+    Returns:
+        Float64 tensor of shape ``(k, 3)``: per segment ``(c, Σ(x - c), sqrt(Σ(x - c)^2))``, c its
+        first element.
+    """
+    x = x.double()
+    shift = x[lengths.cumsum(0) - lengths]
+    y = x - shift.repeat_interleave(lengths, output_size=x.numel())
+    return torch.stack([shift, torch.segment_reduce(y, "sum", lengths=lengths),
+                        torch.segment_reduce(y * y, "sum", lengths=lengths).sqrt()], 1)
+
+
+def flat(before: Tensor, after: Tensor, grads: Tensor, lengths: Tensor) -> Tensor:
+    """Rows of p_before, grad and u = p_after - p_before of a flat chunk: each argument the chunk's
+    parameters laid end to end (``lengths`` apart, see :func:`segment_rows`).
+
+    Returns:
+        Float64 tensor of shape ``(3, k, 3)``.
+    """
+    return torch.stack([segment_rows(before, lengths), segment_rows(grads, lengths),
+                        segment_rows(after - before, lengths)])
+
+
 def shifted_rows(xs: Sequence[Tensor]) -> Tensor:
     """``(c, Σ(x - c), sqrt(Σ(x - c)^2))`` per tensor, c its first element, accumulated in float64.
 
@@ -111,20 +149,29 @@ def copied(xs: list[Tensor]) -> list[Tensor]:
     return [x.clone() for x in xs]
 
 
-class Fuser:
-    """The compiled forms of :func:`inverted` and :func:`snapshotted` of one monitor, and the switch
-    back to eager where compiling fails (warned once; the same figures, at the eager speed)."""
+INDUCTOR = {"realize_reads_threshold": 64, "realize_opcount_threshold": 1000, "realize_cpu_opcount_threshold": 1000}
+"""Inductor recomputes each element's p_before and u in every sum that reads it rather than storing
+them: with its default thresholds it keeps parameter-sized buffers for them (measured: 31% of the
+parameter bytes of the benchmark's model at once), the memory the fused capture exists to save."""
 
-    def __init__(self) -> None:
+
+class Fuser:
+    """The fused capture's functions of one monitor under ``MonitorConfig(compile=mode)``: compiled
+    where :func:`enabled`, eager elsewhere, and back to eager where compiling fails (warned once;
+    the same figures, at the eager speed)."""
+
+    def __init__(self, mode: str = "auto") -> None:
+        self.mode = mode
         self._compiled: dict[str, Callable[..., Tensor]] = {}
         self._failed = False
 
-    def __call__(self, fn: Callable[..., Tensor], *args: Any) -> Tensor:
-        """``fn(*args)`` compiled (dynamic shapes), or eagerly after a failure."""
-        if not self._failed:
+    def __call__(self, fn: Callable[..., Tensor], *args: Any, device: torch.device) -> Any:
+        """``fn(*args)``, compiled (dynamic shapes) where :func:`enabled` for ``device``, else or after
+        a failure eagerly."""
+        if enabled(self.mode, device) and not self._failed:
             compiled = self._compiled.get(fn.__name__)
             if compiled is None:
-                compiled = self._compiled[fn.__name__] = torch.compile(fn, dynamic=True)
+                compiled = self._compiled[fn.__name__] = torch.compile(fn, dynamic=True, options=INDUCTOR)
             try:
                 with torch._dynamo.config.patch(recompile_limit=RECOMPILES):
                     return compiled(*args)

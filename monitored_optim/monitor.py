@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch._utils import _flatten_dense_tensors
 
 from . import amp, capture, distributed, families, fused, grouping, stats
 from ._warnings import warn
@@ -56,6 +57,8 @@ class _Entry:
     clone: Tensor | None = None
     extremes: Tensor | None = None
     fused: bool = False
+    flat: _Flat | None = None
+
 
     @property
     def owner(self) -> _Entry:
@@ -66,6 +69,16 @@ class _Entry:
     def before(self) -> Tensor | None:
         """The exact p_before of this part, where one was taken."""
         return self.snapshot.before if isinstance(self.snapshot, Cloned) else self.copy
+
+
+@dataclass
+class _Flat:
+    """A chunk of small parameters captured flat (``fused.flat``): their entries, the lengths and the
+    flat copy of p_before taken just before the step."""
+
+    entries: list[_Entry]
+    lengths: Tensor
+    before: Tensor
 
 
 class Monitor:
@@ -115,7 +128,7 @@ class Monitor:
         self._centre: dict[tuple[str, str], bool] = {}
         self._risky: set[str] = set()
         self._budget = capture.PART_ELEMENTS * 4
-        self._fuser = fused.Fuser()
+        self._fuser = fused.Fuser(self.settings.compile)
         _warn_if_shared(self.settings)
         _ALL.add(self)
         amp.install()
@@ -265,7 +278,7 @@ class Monitor:
         """An entry per part of each monitored parameter, with its snapshot, and the sums of p_before
         and the grad in ``batch`` (``split``: large parameters may be cut into parts; ``fuse``: the
         fused capture may take whole parameters, whose sums it takes after the step)."""
-        entries, copies = [], []
+        entries, copies, small = [], [], []
         storages = capture.storages(p for group in optimizer.param_groups for p in group["params"])
         cut = split and elementwise(self.view)
         chosen = [(group, n, p) for group, names in zip(optimizer.param_groups, _names(optimizer, self._model_names))
@@ -275,25 +288,29 @@ class Monitor:
             if not (p.is_floating_point() or p.is_complex()):
                 continue  # integer tensors (frozen quantized weights) are never stepped
             reason = capture.snapshot_reason(p, capture.aliased(p, storages), name in self._risky)
-            if fuse and self._fusable(group, p, reason):  # whole, its sums taken after the step
+            kind = self._fusable(group, p, reason) if fuse else None
+            if kind is not None:  # whole, its sums taken after the step
                 part = capture.Part(p, optimizer.state.get(p, {}), p)
-                if reason is not None:
-                    copies.append(_Entry(name, group, p, None, part, fused=True))
-                entries.append(copies[-1] if reason is not None else self._entry(name, group, part, None, None, True))
+                if kind == "rebuilt":
+                    e = self._entry(name, group, part, None, None, True)
+                else:
+                    e = _Entry(name, group, p, None, part, fused=True)
+                    (small if kind == "flat" else copies).append(e)
+                entries.append(e)
                 continue
             lead = None
             for part in capture.parts(p, optimizer.state.get(p, {}), cut, self._budget // p.element_size()):
                 e = self._entry(name, group, part, reason, lead)
                 lead = lead or e
                 entries.append(e)
-        rebuilt = [e for e in entries if e.fused and e.snapshot is None]
-        for i in range(0, len(copies), fused.CHUNK):  # the snapshot rule's copies of fused entries
-            chunk = copies[i:i + fused.CHUNK]
-            for e, before in zip(chunk, self._fuser(fused.copied, [e.p for e in chunk])):
+        self._flatten(small)
+        rebuilt = [e for e in entries if e.fused and e.snapshot is None and e.flat is None]
+        for chunk in _device_chunks(copies):  # the snapshot rule's copies of fused entries
+            for e, before in zip(chunk, self._fuser(fused.copied, [e.p for e in chunk], device=chunk[0].p.device)):
                 e.snapshot = Cloned(before)
-        for i in range(0, len(rebuilt), fused.CHUNK):  # and the bounds of those the view rebuilds
-            chunk = rebuilt[i:i + fused.CHUNK]
-            for e, extremes in zip(chunk, self._fuser(fused.bounds, [e.p for e in chunk]).unbind()):
+        for chunk in _device_chunks(rebuilt):  # and the bounds of those the view rebuilds
+            for e, extremes in zip(chunk, self._fuser(fused.bounds, [e.p for e in chunk],
+                                                      device=chunk[0].p.device).unbind()):
                 e.extremes = extremes
         for e in entries:
             if e.lead is None:
@@ -307,19 +324,43 @@ class Monitor:
                 e.slots["grad"] = batch.slot()
         return entries
 
-    def _fusable(self, group: dict[str, Any], p: Tensor, reason: str | None) -> bool:
-        """Whether the fused capture takes ``p`` on this logging step: a non-empty dense float32/float64
-        parameter with a grad of its dtype, on a device where it is enabled, snapshotted by the rule
-        or rebuilt by a view with a fused form (``updates``' ``fused``)."""
+    def _fusable(self, group: dict[str, Any], p: Tensor, reason: str | None) -> str | None:
+        """How the fused capture takes ``p`` on this logging step, if it does: a non-empty dense
+        float32/float64 parameter with a grad of its dtype that the step leaves as it is, either
+        ``"flat"`` (at most :data:`~monitored_optim.fused.SMALL` elements, compiled or not), or, where
+        compiling is enabled for its device, ``"copy"`` (the snapshot rule's) or ``"rebuilt"`` (a view
+        with a fused form, ``updates``' ``fused``)."""
         grad = p.grad
         if not (p.dtype in (torch.float32, torch.float64) and type(p) in (Tensor, torch.nn.Parameter)
                 and p.layout == torch.strided and p.numel() > 0 and grad is not None and grad.layout == torch.strided
-                and grad.dtype == p.dtype and fused.enabled(self.settings.compile, p.device)):
-            return False
-        if not getattr(self.view, "keeps_grad", lambda g: True)(group):
-            return False  # its step rewrites p.grad: the grad's sums must be taken before it
+                and grad.dtype == p.dtype and getattr(self.view, "keeps_grad", lambda g: True)(group)):
+            return None  # (a step that rewrites p.grad needs the grad's sums taken before it)
+        if p.numel() <= fused.SMALL:
+            return "flat"
+        if not fused.enabled(self.settings.compile, p.device):
+            return None
+        if reason is not None:
+            return "copy"
         fusable = getattr(self.view, "fusable", None)
-        return reason is not None or (fusable is not None and fusable(group))
+        return "rebuilt" if fusable is not None and fusable(group) else None
+
+    def _flatten(self, small: list[_Entry]) -> None:
+        """Cut the flat entries into chunks of one param group, device and dtype of at most
+        :data:`~monitored_optim.fused.FLAT` elements, and copy each chunk's p_before into one buffer."""
+        kinds: dict[tuple[Any, ...], list[_Entry]] = {}
+        for e in small:
+            kinds.setdefault((id(e.group), e.p.device, e.p.dtype), []).append(e)
+        for members in kinds.values():
+            chunk: list[_Entry] = []
+            for e in [*members, None]:
+                if chunk and (e is None or sum(x.p.numel() for x in chunk) + e.p.numel() > fused.FLAT):
+                    sizes = torch.tensor([x.p.numel() for x in chunk], device=chunk[0].p.device)
+                    group = _Flat(chunk, sizes, _flat_copy([x.p for x in chunk]))
+                    for x in chunk:
+                        x.flat = group
+                    chunk = []
+                if e is not None:
+                    chunk.append(e)
 
     def _entry(self, name: str, group: dict[str, Any], part: capture.Part, reason: str | None,
                lead: _Entry | None, fuse: bool = False) -> _Entry:
@@ -423,20 +464,32 @@ class Monitor:
         """The rows of p_before, grad and u of every fused entry into ``batch``: one call of the fused
         capture per chunk of up to :data:`~monitored_optim.fused.CHUNK` parameters of one param group,
         device, dtype, rank and kind (snapshotted or rebuilt), so that identical blocks share a graph."""
+        chunks = {id(e.flat): e.flat for e in entries if e.flat is not None}
+        for chunk in chunks.values():
+            after = _flatten_dense_tensors([e.p for e in chunk.entries])
+            grads = _flatten_dense_tensors([e.p.grad for e in chunk.entries])
+            rows = self._fuser(fused.flat, chunk.before, after, grads, chunk.lengths, device=after.device)
+            self._put(batch, chunk.entries, rows)
         kinds: dict[tuple[Any, ...], list[_Entry]] = {}
         for e in entries:
             key = (id(e.group), e.p.device, e.p.dtype, e.p.dim(), isinstance(e.snapshot, Cloned))
-            kinds.setdefault(key, []).append(e)
+            if e.flat is None:
+                kinds.setdefault(key, []).append(e)
         for key, members in kinds.items():
             for i in range(0, len(members), fused.CHUNK):
                 chunk = members[i:i + fused.CHUNK]
                 after, grads = [e.p for e in chunk], [e.p.grad for e in chunk]
-                rows = (self._fuser(fused.snapshotted, [e.snapshot.before for e in chunk], after, grads) if key[-1]
+                rows = (self._fuser(fused.snapshotted, [e.snapshot.before for e in chunk], after, grads, device=key[1]) if key[-1]
                         else self._rebuilt_rows(chunk[0].group, after, [state.get(p, {}) for p in after], grads,
                                                 [e.extremes for e in chunk]))
-                counts = [stats.count(p) for p in after]
-                for kind, table in zip(_KINDS, rows.unbind(0)):
-                    batch.put(table, counts, [e.slots[kind] for e in chunk])
+                self._put(batch, chunk, rows)
+
+    @staticmethod
+    def _put(batch: stats.Batch, chunk: list[_Entry], rows: Tensor) -> None:
+        """The fused capture's ``(3, k, 3)`` rows of a chunk into its entries' p, grad and u slots."""
+        counts = [stats.count(e.p) for e in chunk]
+        for kind, table in zip(_KINDS, rows.unbind(0)):
+            batch.put(table, counts, [e.slots[kind] for e in chunk])
 
     def _rebuilt_rows(self, group: dict[str, Any], after: list[Tensor], states: list[dict[str, Any]],
                       grads: list[Tensor], extremes: list[Tensor]) -> Tensor:
@@ -444,7 +497,7 @@ class Monitor:
         it has none for these states, the view's eager rebuild and inversion with p_before = p_after - u."""
         form = self.view.fused(group, after, states)  # type: ignore[attr-defined]
         if form is not None:
-            return self._fuser(fused.inverted, *form, torch.stack(extremes), after, grads)
+            return self._fuser(fused.inverted, *form, torch.stack(extremes), after, grads, device=after[0].device)
         before = []
         for p, result, bound in zip(after, rebuild(self.view, group, after, states, [None] * len(after)), extremes):
             u = capture.stored_change(p, result, None, bound)[0]
@@ -530,6 +583,22 @@ class Monitor:
                          f"the tag budget of {self.settings.tag_budget} for TensorBoard and W&B; choose what is "
                          "monitored with MonitorConfig(params=..., figures=...) or raise tag_budget")
             self._backends.log(self.latest, self.step, compact)
+
+
+def _device_chunks(entries: list[_Entry]) -> Iterator[list[_Entry]]:
+    """``entries`` by device, in chunks of at most :data:`~monitored_optim.fused.CHUNK`."""
+    by_device: dict[torch.device, list[_Entry]] = {}
+    for e in entries:
+        by_device.setdefault(e.p.device, []).append(e)
+    for members in by_device.values():
+        for i in range(0, len(members), fused.CHUNK):
+            yield members[i:i + fused.CHUNK]
+
+
+def _flat_copy(tensors: list[Tensor]) -> Tensor:
+    """``tensors`` laid end to end in a new 1-D buffer (``_flatten_dense_tensors`` returns a view of a
+    single tensor, which the step would change under the snapshot)."""
+    return _flatten_dense_tensors(tensors) if len(tensors) > 1 else tensors[0].reshape(-1).clone()
 
 
 def _names(optimizer: torch.optim.Optimizer, known: dict[int, str] | None = None) -> list[list[str]]:

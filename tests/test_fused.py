@@ -118,6 +118,7 @@ def test_fused_logging_step_ops_do_not_grow_with_the_tensor_count(setup, tmp_pat
     assert large == small, (small, large)
 
 
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")  # torch's own note on disabling its caches
 def test_a_failing_compiler_warns_once_and_runs_the_fused_capture_eagerly(tmp_path):
     """Inductor given a C++ compiler that does not exist: one warning, then the same exact figures."""
     torch._dynamo.reset()
