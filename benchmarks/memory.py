@@ -54,6 +54,27 @@ class PeakMemory(TorchDispatchMode):
             self.live -= self._sizes.pop(key)
 
 
+def allocated_peak(fn) -> int:
+    """Peak bytes allocated above what was live when ``fn()`` started, from the profiler's memory
+    events (every allocation of the CPU allocator, compiled kernels' buffers included, which a
+    dispatch mode such as :class:`PeakMemory` does not see); on CUDA, ``max_memory_allocated``."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - start
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
 GPT2 = dict(vocab=50257, width=768, blocks=12)
 
 

@@ -18,7 +18,7 @@ all of them alike:
 Prints, per optimizer, the step time and the full-iteration time (forward, backward, step) as ratios
 to ``plain`` (the median over rounds of each round's mean, so every=10 is amortized over its one
 logging step in ten), the extra peak memory of one logging step as a fraction of parameter bytes
-(``benchmarks/memory.py``), then one logging step on a model of 2,000 small tensors, and each of
+(the profiler's allocation events, ``benchmarks/memory.py``'s ``allocated_peak``), then one logging step on a model of 2,000 small tensors, and each of
 the issue's targets as met, NOT met, or noise (a ratio that load on the machine made impossible:
 a mode that does more than plain measured faster than it). ``--quick`` runs 3 rounds.
 """
@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from memory import PeakMemory  # noqa: E402
+from memory import allocated_peak  # noqa: E402
 
 from monitored_optim import Monitored, MonitorConfig  # noqa: E402
 
@@ -134,9 +134,7 @@ def extra_peak_fraction(cls, kwargs, device, modes):
         for _ in range(2):  # state exists (and graphs are compiled) before the measured step
             iteration(model, opt, tokens, {"step": [], "iter": []})
         model(tokens[:, :-1]).sum().backward()
-        with PeakMemory() as mem:
-            opt.step()
-        peaks[mode] = mem.peak
+        peaks[mode] = allocated_peak(opt.step)
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return {m: (peaks[m] - peaks["plain"]) / param_bytes for m in modes}
 

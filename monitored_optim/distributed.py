@@ -238,7 +238,7 @@ class Sharding:
                 rank (no grad there, an unchanged local shard, an empty shard).
 
         Returns:
-            Per entry ``(got, n)``, as the single-process path builds them from ``stats.to_host``:
+            Per entry ``(got, n)``, as the single-process path builds them from ``stats.Moments.host``:
             ``got`` maps each piece that at least one rank had to its value for the whole parameter
             (``[mean, m2]`` over all N elements, a piece missing on a rank counting as zeros there;
             ``[count]``; ``[norm, norm]``), and ``n`` is N, the parameter's total element count (a

@@ -55,7 +55,7 @@ SMALL = 1 << 12
 buffer with the other small parameters of its chunk before the step (its exact snapshot), so that a
 chunk of thousands of biases and norm gains costs a few ops, not a few per tensor."""
 
-FLAT = 1 << 16
+FLAT = 1 << 14
 """Most elements of one flat chunk (its float64 temporaries stay a few MiB)."""
 
 

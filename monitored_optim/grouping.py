@@ -15,6 +15,7 @@ in no group of two or more, and the figures that are not per parameter (``global
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 
@@ -24,6 +25,7 @@ PER_PARAMETER = ("update_to_data", "grad_to_data", "update_norm", "grad_norm", "
 _INDEX = re.compile(r"(^|\.)(\d+)(\.|$)")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def depth_key(name: str) -> tuple[str, int] | None:
     """``(key, layer index)`` of a parameter name with a numeric component, else None.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import gc
 import inspect
 import math
 import weakref
@@ -33,6 +34,25 @@ from .families.base import Family
 VERIFY_RTOL = 1e-3
 """Verify mode's tolerance, relative to the update itself: ``||excess|| <= VERIFY_RTOL * ||u_clone||``
 (:func:`~monitored_optim.capture.verify_miss`)."""
+
+
+def _gc_paused(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``fn`` with Python's cyclic garbage collector paused (and resumed after, if it was on).
+
+    A logging step allocates a few Python objects per parameter (its entries, rows and figures),
+    most freed by reference counting when it returns; without the pause those allocations trigger
+    collections that scan the whole training process's heap in the middle of the step (measured on
+    2,000 small tensors: a logging step 4.1x the plain step with them, 2.6x without)."""
+    @functools.wraps(fn)
+    def paused(*args: Any, **kwargs: Any) -> Any:
+        was_on = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if was_on:
+                gc.enable()
+    return paused
 
 
 @dataclass
@@ -73,10 +93,9 @@ class _Entry:
 
 @dataclass
 class _Flat:
-    """A chunk of small parameters captured flat (``fused.flat``): their entries, the lengths and the
-    flat copy of p_before taken just before the step."""
+    """A chunk of small parameters captured flat (``fused.flat``): the lengths of its entries (those
+    whose ``flat`` it is, in order) and the flat copy of p_before taken just before the step."""
 
-    entries: list[_Entry]
     lengths: Tensor
     before: Tensor
 
@@ -242,6 +261,7 @@ class Monitor:
         return out
 
     @torch.compiler.disable
+    @_gc_paused
     def _prepare(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
                  ) -> tuple[list[_Entry], stats.Batch, distributed.Sharding | None, tuple[Any, ...], dict[str, Any]]:
         """Before the base step of a logging step: the entries, their snapshots and the sums of
@@ -260,6 +280,7 @@ class Monitor:
         return entries, batch, sharding, args, kwargs
 
     @torch.compiler.disable
+    @_gc_paused
     def _finish(self, optimizer: torch.optim.Optimizer, entries: list[_Entry], batch: stats.Batch,
                 sharding: distributed.Sharding | None) -> None:
         """After the base step of a logging step: count it, then measure and deliver its figures."""
@@ -352,15 +373,17 @@ class Monitor:
             kinds.setdefault((id(e.group), e.p.device, e.p.dtype), []).append(e)
         for members in kinds.values():
             chunk: list[_Entry] = []
+            size = 0
             for e in [*members, None]:
-                if chunk and (e is None or sum(x.p.numel() for x in chunk) + e.p.numel() > fused.FLAT):
+                if chunk and (e is None or size + e.p.numel() > fused.FLAT):
                     sizes = torch.tensor([x.p.numel() for x in chunk], device=chunk[0].p.device)
-                    group = _Flat(chunk, sizes, _flat_copy([x.p for x in chunk]))
+                    group = _Flat(sizes, _flat_copy([x.p for x in chunk]))
                     for x in chunk:
                         x.flat = group
-                    chunk = []
+                    chunk, size = [], 0
                 if e is not None:
                     chunk.append(e)
+                    size += e.p.numel()
 
     def _entry(self, name: str, group: dict[str, Any], part: capture.Part, reason: str | None,
                lead: _Entry | None, fuse: bool = False) -> _Entry:
@@ -403,12 +426,15 @@ class Monitor:
                 for key, value in pieces.items():
                     _accumulate(by_name[name], key, value)
         self._describe(entries)
-        for e in entries:
-            e.pieces.update({kind: rows[slot] for kind, slot in e.slots.items() if rows[slot] is not None})
-        if sharding is None:
-            values = iter(stats.to_host([piece for e in entries for piece in e.pieces.values()]))
-            hosted = [({key: next(values) for key in e.pieces}, stats.count(e.part.whole)) for e in entries]
+        if sharding is None:  # one host copy per device of the moments and every other piece
+            pairs, extra = rows.host([piece for e in entries for piece in e.pieces.values()])
+            values = iter(extra)
+            hosted = [({**{key: next(values) for key in e.pieces},
+                        **{kind: pairs[slot] for kind, slot in e.slots.items() if pairs[slot] is not None}},
+                       stats.count(e.part.whole)) for e in entries]
         else:  # whole-parameter values and counts: one all_reduce, one host copy
+            for e in entries:
+                e.pieces.update({kind: rows[slot] for kind, slot in e.slots.items() if rows[slot] is not None})
             hosted = sharding.reduce(entries)
         table = _moment_table(entries, hosted)
         norm = table.norm
@@ -464,12 +490,16 @@ class Monitor:
         """The rows of p_before, grad and u of every fused entry into ``batch``: one call of the fused
         capture per chunk of up to :data:`~monitored_optim.fused.CHUNK` parameters of one param group,
         device, dtype, rank and kind (snapshotted or rebuilt), so that identical blocks share a graph."""
-        chunks = {id(e.flat): e.flat for e in entries if e.flat is not None}
-        for chunk in chunks.values():
-            after = _flatten_dense_tensors([e.p for e in chunk.entries])
-            grads = _flatten_dense_tensors([e.p.grad for e in chunk.entries])
+        chunks: dict[int, list[_Entry]] = {}
+        for e in entries:
+            if e.flat is not None:
+                chunks.setdefault(id(e.flat), []).append(e)
+        for members in chunks.values():
+            chunk = members[0].flat
+            after = _flatten_dense_tensors([e.p for e in members])
+            grads = _flatten_dense_tensors([e.p.grad for e in members])
             rows = self._fuser(fused.flat, chunk.before, after, grads, chunk.lengths, device=after.device)
-            self._put(batch, chunk.entries, rows)
+            self._put(batch, members, rows)
         kinds: dict[tuple[Any, ...], list[_Entry]] = {}
         for e in entries:
             key = (id(e.group), e.p.device, e.p.dtype, e.p.dim(), isinstance(e.snapshot, Cloned))

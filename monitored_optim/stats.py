@@ -3,7 +3,7 @@
 Each tensor x is reduced on its device to raw sums when it is added to a :class:`Batch` (centred
 for tensors whose mean dwarfs their spread, such as a LayerNorm weight near 1.0 with std 1e-4,
 uncentred otherwise: :func:`_centred`), :meth:`Batch.finish` turns every row of a logging step into
-``(mean, m2)`` in float64 at once, with ``m2 = sum((x - mean)^2)``, and :func:`to_host` copies them
+``(mean, m2)`` in float64 at once, with ``m2 = sum((x - mean)^2)``, and :meth:`Moments.host` copies them
 with one copy per device. The element count n stays on the host. From a row:
 ``std = sqrt(m2 / (n - 1))`` (Bessel's correction, as ``torch.std(correction=1)``) and
 ``||x||_2 = sqrt(m2 + n * mean^2)`` (both terms >= 0: no cancellation). Rows of disjoint pieces
@@ -193,27 +193,39 @@ class Batch:
         self._store[key][start:start + len(rows)].copy_(table)  # the small table dies here
         self._parts.setdefault(key, []).append((rows, factors))
 
-    def finish(self) -> list[Tensor]:
-        """``(mean, m2)`` of every slot added so far, float64 tensors of shape ``(2,)`` on their devices
-        (None for a :meth:`slot` that got no rows).
+    def finish(self) -> Moments:
+        """``(mean, m2)`` of every slot added so far, as one float64 table per device
+        (:class:`Moments`; a :meth:`slot` that got no rows has none).
 
         Centred ``(c, r, q)``: mean = c + r/n, m2 = q^2 - r^2/n. Uncentred ``(s, q)``: mean = s/n,
         m2 = q^2 - s^2/n. Scaled by f: mean * f, m2 * f^2. Empty tensors give ``(0, 0)``. Parts of
         one slot (``into``) combine as mean = Σ n_i·mean_i / N, m2 = Σ m2_i + n_i·(mean_i - mean)^2
-        (Chan, Golub & LeVeque 1979; all terms >= 0).
+        (Chan, Golub & LeVeque 1979; all terms >= 0), with a few ops per device for all slots (a
+        slot of one part keeps its row exactly).
         """
-        rows = self._rows()
-        out: list[Tensor | None] = []
-        for members in _members(self._owner, self._slots):
-            if len(members) < 2:
-                out.append(rows[members[0]] if members else None)
-                continue
-            part = torch.stack([rows[r] for r in members])
-            n = torch.tensor([float(self._counts[r]) for r in members], dtype=torch.float64, device=part.device)
-            total = n.sum().clamp(min=1)
-            mean = (n * part[:, 0]).sum() / total
-            out.append(torch.stack([mean, (part[:, 1] + n * (part[:, 0] - mean).square()).sum()]))
-        return out  # type: ignore[return-value]
+        per_device: dict[torch.device, list[tuple[Tensor, list[int]]]] = {}
+        for key, (rows, idx) in self._rows().items():
+            per_device.setdefault(key[0], []).append((rows, idx))
+        tables: dict[torch.device, Tensor] = {}
+        where: list[tuple[torch.device, int] | None] = [None] * self._slots
+        for device, chunks in per_device.items():
+            rows = torch.cat([r for r, _ in chunks])
+            idx = [i for _, ids in chunks for i in ids]
+            local: dict[int, int] = {}
+            for i in idx:
+                local.setdefault(self._owner[i], len(local))
+            owner = torch.tensor([local[self._owner[i]] for i in idx], device=device)
+            n = torch.tensor([float(self._counts[i]) for i in idx], dtype=torch.float64, device=device)
+            zeros = rows.new_zeros(len(local))
+            parts = zeros.index_add(0, owner, torch.ones_like(n))
+            total = zeros.index_add(0, owner, n).clamp(min=1)
+            mean = torch.where(parts == 1, zeros.index_add(0, owner, rows[:, 0]),
+                               zeros.index_add(0, owner, n * rows[:, 0]) / total)
+            m2 = zeros.index_add(0, owner, rows[:, 1] + n * (rows[:, 0] - mean[owner]).square())
+            tables[device] = torch.stack([mean, m2], 1)
+            for slot, j in local.items():
+                where[slot] = (device, j)
+        return Moments(tables, where)
 
     def _reserve(self, key: tuple[torch.device, int], k: int) -> int:
         """Room for ``k`` more rows of sums in the store of ``key`` (device, width); their first index.
@@ -239,9 +251,10 @@ class Batch:
         self._slots += 1
         return self._slots - 1
 
-    def _rows(self) -> list[Tensor]:
-        """``(mean, m2)`` of every tensor added, one per :meth:`add` input, in order."""
-        out: list[Tensor | None] = [None] * len(self._counts)
+    def _rows(self) -> dict[tuple[torch.device, int], tuple[Tensor, list[int]]]:
+        """Per store (device, width): ``(mean, m2)`` of every tensor added there, shape ``(R, 2)``
+        float64, and the indices of those tensors (in :meth:`add` order)."""
+        out = {}
         for (device, width), parts in self._parts.items():
             slots = [s for part, _ in parts for s in part]
             table = self._store[(device, width)][:self._used[(device, width)]]
@@ -252,17 +265,47 @@ class Batch:
                 f = torch.cat([torch.ones(len(p), dtype=torch.float64, device=device) if f is None else f
                                for p, f in parts])
                 rows = rows * torch.stack([f, f * f], 1)
-            for s, row in zip(slots, rows.unbind(0)):
-                out[s] = row
-        return out  # type: ignore[return-value]
+            out[(device, width)] = (rows, slots)
+        return out
 
 
-def _members(owner: list[int], slots: int) -> list[list[int]]:
-    """Per slot, the rows it owns."""
-    out: list[list[int]] = [[] for _ in range(slots)]
-    for row, slot in enumerate(owner):
-        out[slot].append(row)
-    return out
+@dataclass(frozen=True)
+class Moments:
+    """``(mean, m2)`` of the slots of a finished :class:`Batch`: ``tables[device]``, float64 of shape
+    ``(S_d, 2)``, and per slot ``where[slot]``, its ``(device, row)`` (None: no rows)."""
+
+    tables: dict[torch.device, Tensor]
+    where: list[tuple[torch.device, int] | None]
+
+    def __getitem__(self, slot: int) -> Tensor | None:
+        """The row of ``slot``, a float64 tensor of shape ``(2,)`` on its device, or None."""
+        at = self.where[slot]
+        return None if at is None else self.tables[at[0]][at[1]]
+
+    def host(self, extra: list[Tensor]) -> tuple[list[list[float] | None], list[list[float]]]:
+        """Every slot's ``[mean, m2]`` and each of ``extra`` (1-D float64 device tensors) on the host,
+        with one device-to-host copy per device.
+
+        Returns:
+            ``(rows, values)``: per slot its pair (None where it has no rows), and ``extra[i].tolist()``
+            for each i.
+        """
+        flat: dict[torch.device, list[float]] = {}
+        devices = set(self.tables) | {x.device for x in extra}
+        for device in devices:
+            parts = ([self.tables[device].reshape(-1)] if device in self.tables else []) \
+                + [x.reshape(-1) for x in extra if x.device == device]
+            flat[device] = torch.cat(parts).cpu().tolist()
+        rows: list[list[float] | None] = []
+        for at in self.where:
+            rows.append(None if at is None else flat[at[0]][2 * at[1]:2 * at[1] + 2])
+        start = {d: 2 * len(t) for d, t in self.tables.items()}
+        values = []
+        for x in extra:
+            k = start.get(x.device, 0)
+            values.append(flat[x.device][k:k + x.numel()])
+            start[x.device] = k + x.numel()
+        return rows, values
 
 
 def _norms(dense: list[Tensor]) -> Tensor:
@@ -400,26 +443,3 @@ class MomentTable:
         a, b = std[:, num], std[:, den]
         ok = a.isfinite() & b.isfinite() & (a > 0) & (b > 0)
         return torch.where(ok, (a / b).log10(), math.nan)
-
-
-def to_host(pieces: list[Tensor]) -> list[list[float]]:
-    """Copy 1-D float64 device tensors to the host: one concatenation and one copy per device.
-
-    Args:
-        pieces: tensors of shape ``(k_i,)``, dtype float64, on any devices.
-
-    Returns:
-        ``pieces[i].tolist()`` for every i, in order. One device-to-host copy per device in total.
-    """
-    out: list[list[float]] = [[] for _ in pieces]
-    by_device: dict[torch.device, list[int]] = {}
-    for i, piece in enumerate(pieces):
-        by_device.setdefault(piece.device, []).append(i)
-    for idx in by_device.values():
-        flat = torch.cat([pieces[i] for i in idx]).cpu().tolist()
-        start = 0
-        for i in idx:
-            size = pieces[i].numel()
-            out[i] = flat[start:start + size]
-            start += size
-    return out
