@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from . import capture
+from . import capture, fused
 from ._warnings import warn
 from .updates import CLONE, elementwise
 
@@ -21,7 +21,12 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, names: list[list[st
     store's rounding inverted (``in N slices`` for a large one); ``snapshot (<reason>)``, an exact
     copy of p_before on logging steps, for the reasons of
     :func:`~monitored_optim.capture.snapshot_reason`; ``clone``, for an optimizer without a
-    state-aware view; ``skipped``, left out by ``MonitorConfig(params=...)`` or an integer tensor.
+    state-aware view; ``copied flat``, a float32/float64 parameter of at most
+    :data:`~monitored_optim.fused.SMALL` elements, copied with the other small ones of its chunk
+    (``monitored_optim/fused.py``); ``, fused`` where the compiled fused capture takes it
+    (``MonitorConfig(compile=...)``); ``skipped``, left out by ``MonitorConfig(params=...)`` or an
+    integer tensor. These are the captures of a step with grads of the parameters' dtypes; verify
+    mode, sharding, closures and the ``state``/``spectral`` families keep the eager capture.
     (A view may still take a clone of one parameter at a logging step where its hyperparameters make
     the rebuild ill-conditioned; verify mode reports any miss.)
 
@@ -79,11 +84,17 @@ def _capture(monitor: Any, name: str, p: torch.Tensor, storages: dict[int, int],
         return "skipped (integer tensor: never stepped)"
     if not monitor.settings.select(name, p):
         return "skipped (left out by the selection: params=, exclude= or MONITORED_OPTIM_PARAMS)"
+    if p.dtype in (torch.float32, torch.float64) and 0 < p.numel() <= fused.SMALL and p.layout == torch.strided:
+        return f"copied flat (at most {fused.SMALL:,} elements)"
     if monitor.view is CLONE:
         return "clone (no state-aware view for this optimizer's step)"
+    compiled = ", fused" if fused.enabled(monitor.settings.compile, p.device) and p.dtype in (
+        torch.float32, torch.float64) else ""
     reason = capture.snapshot_reason(p, capture.aliased(p, storages), name in monitor._risky)
     if reason is not None:
-        return f"snapshot ({reason})"
+        return f"snapshot ({reason}){compiled}"
+    if compiled and getattr(monitor.view, "fused", None) is not None:
+        return f"view ({type(monitor.view).__name__}){compiled}"
     limit = budget // p.element_size()
     slices = -(-p.numel() // limit) if elementwise(monitor.view) and p.numel() > limit else 1
     return f"view ({type(monitor.view).__name__})" + (f", in {slices} slices" if slices > 1 else "")

@@ -78,6 +78,7 @@ class _Entry:
     extremes: Tensor | None = None
     fused: bool = False
     flat: _Flat | None = None
+    late: bool = False
 
 
     @property
@@ -337,11 +338,16 @@ class Monitor:
             if e.lead is None:
                 e.slots.update({kind: batch.slot() for kind in _KINDS})
         eager = [e for e in entries if not e.fused]
-        _record(batch, eager, "p", [e.p for e in eager], self._centring(eager, "p"))
-        if self.settings.figures & {"grad_to_data", "norms", "health"}:
-            _record_grads(batch, eager, grad_scale, self._centring(eager, "grad"))
+        late = fuse and all(getattr(self.view, "keeps_grad", lambda g: True)(g) for g in optimizer.param_groups)
+        if late:  # their sums after the step too: nothing allocated or freed before torch's own buffers
+            for e in eager:
+                e.late = True
+        else:
+            _record(batch, eager, "p", [e.p for e in eager], self._centring(eager, "p"))
+            if self.settings.figures & {"grad_to_data", "norms", "health"}:
+                _record_grads(batch, eager, grad_scale, self._centring(eager, "grad"))
         for e in entries:
-            if e.fused:
+            if (e.fused or e.late) and e.lead is None:
                 e.slots["grad"] = batch.slot()
         return entries
 
@@ -543,21 +549,43 @@ class Monitor:
         params, views = zip(*[capture.widened(chunk[i].p, states[i]) for i in viewed]) if viewed else ((), ())
         rebuilt = dict(zip(viewed, rebuild(self.view, chunk[0].group, list(params), list(views),
                                            [chunk[i].snapshot for i in viewed])))
-        jobs = []
+        jobs, late = [], []
         for i, e in enumerate(chunk):
             result = rebuilt.get(i)
             if isinstance(result, Rows):  # one slice at a time, each reduced before the next is built
                 for span, piece in result.slices():
                     u = self._stored(e, piece, span)
+                    if e.late:
+                        self._late_sums(batch, [(e, u, span)])
                     if u is not None:
                         _record(batch, [e], "u", [u], [self._centre.get((e.name, "u"), True)], scratch=True)
             else:
                 u = self._stored(e, result, state=states[i])
+                if e.late:
+                    late.append((e, u, None))
                 if u is not None:
                     jobs.append((e, u))
             e.clone = None
+        self._late_sums(batch, late)
         centre = [self._centre.get((e.name, "u"), True) for e, _ in jobs]
         _record(batch, [e for e, _ in jobs], "u", [u for _, u in jobs], centre, scratch=True)
+
+    def _late_sums(self, batch: stats.Batch, items: list[tuple[_Entry, Tensor | None, slice | None]]) -> None:
+        """The sums of p_before and the grad of late entries (taken after the step: p_before is the
+        snapshot, or p_after - u, exact), for each ``(entry, u, span)`` (u None: it did not move)."""
+        if not items:
+            return
+        def cut(t: Tensor, span: slice | None) -> Tensor:
+            return t if span is None else t.detach().view(-1)[span]
+
+        es = [e for e, _, _ in items]
+        before = [cut(e.before, span) if e.before is not None else
+                  (cut(e.p, span) if u is None else cut(e.p, span) - u) for e, u, span in items]
+        _record(batch, es, "p", before, self._centring(es, "p"),
+                scratch=[e.before is None and u is not None for e, u, _ in items])  # p_after - u is ours
+        with_grad = [(e, span) for e, _, span in items if e.p.grad is not None]
+        _record(batch, [e for e, _ in with_grad], "grad", [cut(e.p.grad, span) for e, span in with_grad],
+                self._centring([e for e, _ in with_grad], "grad"))
 
     def _stored(self, e: _Entry, result: Any, span: slice | None = None,
                 state: dict[str, Any] | None = None) -> Tensor | None:

@@ -169,7 +169,7 @@ def test_describe_says_how_each_parameter_is_captured():
     assert rows["emb.weight"].endswith(f"view (AdamView), in {-(-1000 * 300 // limit)} slices")
     assert rows["fc.weight"].endswith(f"view (AdamView), in {-(-300 * 300 // limit)} slices")
     assert rows["fc.bias"].endswith("skipped (left out by the selection: params=, exclude= or MONITORED_OPTIM_PARAMS)")
-    assert rows["ln.weight"].endswith("snapshot (vector)")
+    assert rows["ln.weight"].endswith("copied flat (at most 4,096 elements)")  # 300 elements
     assert rows["low.weight"].endswith("snapshot (low precision)")
     lbfgs = Monitored(O.LBFGS)(list(m["fc"].named_parameters()), monitor=MonitorConfig(backend="none"))
     assert "clone (no state-aware view" in lbfgs.monitor.describe()
