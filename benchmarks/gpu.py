@@ -1,7 +1,7 @@
 """GPU check of the fused capture: GPT-2 small (124M) in bf16 autocast with AdamW, fused and foreach.
 
     python benchmarks/gpu.py                 # on a CUDA machine; about 3 minutes
-    python benchmarks/gpu.py --device cpu --layers 1 --steps 3   # a smoke run of the script itself
+    python benchmarks/gpu.py --device cpu --layers 1 --width 64 --vocab 512 --seq 32 --steps 10   # smoke run
 
 For each AdamW implementation (``fused=True``, ``foreach=True``) and each mode (plain, eager
 every=1, fused every=1, fused every=10), after warm-up (the fused graphs compile there, and the
@@ -45,7 +45,7 @@ class GPT2(nn.Module):
     def __init__(self, layers: int = 12, width: int = 768, vocab: int = 50257) -> None:
         super().__init__()
         self.wte, self.wpe = nn.Embedding(vocab, width), nn.Embedding(1024, width)
-        self.h = nn.ModuleList(Block(width, 12) for _ in range(layers))
+        self.h = nn.ModuleList(Block(width, 12 if width % 12 == 0 else 4) for _ in range(layers))
         self.ln_f = nn.LayerNorm(width)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -57,7 +57,7 @@ class GPT2(nn.Module):
 
 def build(impl: str, mode: str, args: argparse.Namespace):
     torch.manual_seed(0)
-    model = GPT2(args.layers).to(args.device)
+    model = GPT2(args.layers, args.width, args.vocab).to(args.device)
     flags = {impl: True} if args.device == "cuda" else {}
     if mode == "plain":
         opt = torch.optim.AdamW(model.named_parameters(), lr=6e-4, weight_decay=0.1, **flags)
@@ -109,13 +109,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--width", type=int, default=768)
+    parser.add_argument("--vocab", type=int, default=50257)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
     args = parser.parse_args()
-    tokens = torch.randint(0, 50257, (args.batch, args.seq + 1), device=args.device)
+    tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), device=args.device)
     print(f"torch {torch.__version__}, {args.device}"
-          f"{' ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}, {args.layers} blocks")
+          f"{' ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}, {args.layers} blocks of width "
+          f"{args.width}, vocabulary {args.vocab}")
     modes = ["plain", "eager every=1", "fused every=1", "fused every=10"]
     for impl in ("fused", "foreach"):
         runs = {m: build(impl, m, args) for m in modes}

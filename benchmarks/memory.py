@@ -141,18 +141,21 @@ def _steps(name: str, monitored: bool, steps: int = 3, track: bool = False) -> t
 def _child(name: str, monitored: bool) -> None:
     _steps(name, monitored)
     with open("/proc/self/status") as status:  # VmHWM: this process's peak RSS (ru_maxrss is
-        hwm = next(line for line in status if line.startswith("VmHWM:"))  # inherited across fork)
-    print(int(hwm.split()[1]) * 1024)
+        fields = dict(line.split(":", 1) for line in status)  # inherited across fork)
+    print(*(int(fields[key].split()[0]) * 1024 for key in ("VmHWM", "RssFile")))
 
 
-def _fresh_rss(name: str, monitored: bool) -> int:
-    """Peak RSS (bytes, Linux ``VmHWM``) of a fresh Python process that runs :func:`_steps`."""
+def _fresh_rss(name: str, monitored: bool) -> tuple[int, int]:
+    """Peak RSS (bytes, Linux ``VmHWM``) of a fresh Python process that runs :func:`_steps`, and its
+    file-backed resident bytes at the end (``RssFile``: pages of shared libraries' code and data,
+    such as the torch kernels a logging step runs for the first time, not allocated memory)."""
     import subprocess
     import sys
 
     out = subprocess.run([sys.executable, __file__, "--child", name, str(int(monitored))],
                          check=True, capture_output=True, text=True).stdout
-    return int(out.split()[-1])
+    hwm, file_backed = out.split()[-2:]
+    return int(hwm), int(file_backed)
 
 
 def main() -> None:
@@ -165,12 +168,14 @@ def main() -> None:
         _child(sys.argv[2], sys.argv[3] == "1")
         return
     names = sys.argv[1:] or list(OPTIMIZERS)
-    print("optimizer      tracked extra   peak-RSS extra   (of parameter bytes; every step a logging step)")
+    print("optimizer      tracked extra   peak-RSS extra   of which file-backed   "
+          "(of parameter bytes; every step a logging step)")
     for name in names:
         plain, param_bytes = _steps(name, False, track=True)
         logged, _ = _steps(name, True, track=True)
-        rss_plain, rss_logged = _fresh_rss(name, False), _fresh_rss(name, True)
+        (rss_plain, file_plain), (rss_logged, file_logged) = _fresh_rss(name, False), _fresh_rss(name, True)
         print(f"{name:<14} {(logged - plain) / param_bytes:>12.2%}   {(rss_logged - rss_plain) / param_bytes:>14.2%}"
+              f"   {(file_logged - file_plain) / param_bytes:>19.2%}"
               f"   ({param_bytes / 2**20:.0f} MiB of parameters; peak RSS plain {rss_plain / 2**20:.0f} MiB, "
               f"monitored {rss_logged / 2**20:.0f} MiB)")
 

@@ -12,9 +12,12 @@ logged steps (the report's rule), and marks weight matrices whose median is outs
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 from collections import OrderedDict
+from pathlib import Path
 
 import torch
 from sklearn.datasets import load_digits
@@ -85,8 +88,15 @@ def health_summary(latest: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def where_logged(settings) -> str:
-    """Where each backend wrote, and the command that opens it."""
+def wandb_run_dir() -> str | None:
+    """The directory of the active W&B run (``<WANDB_DIR>/wandb/<run>``), if one is open."""
+    wandb = sys.modules.get("wandb")
+    run = None if wandb is None else wandb.run
+    return None if run is None else str(Path(run.dir).parent)
+
+
+def where_logged(settings, run_dir: str | None = None) -> str:
+    """Where each backend wrote (``run_dir``: the W&B run's directory), and the command that opens it."""
     lines = []
     for backend in settings.backends:
         if backend == "tensorboard":
@@ -94,7 +104,9 @@ def where_logged(settings) -> str:
         elif backend == "jsonl":
             lines.append(f"JSON lines in {settings.logdir / 'metrics.jsonl'}")
         else:
-            lines.append("W&B run: see the run link or offline directory printed by wandb above")
+            offline = os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun")
+            lines.append(f"W&B run in {run_dir}" + (f"; upload it with: wandb sync {run_dir}" if offline else "")
+                         if run_dir else "W&B: no run was opened")
     if {"tensorboard", "jsonl"} & set(settings.backends):
         lines.append(f"Table and plot: python -m monitored_optim report {settings.logdir} "
                      f"--plot {settings.logdir / 'update_to_data.png'}")
@@ -128,6 +140,7 @@ def main() -> None:
         bar.set_postfix(loss=f"{loss.item():.3f}", step=opt.monitor.step)
     with torch.no_grad():
         accuracy = (net(x_te).argmax(1) == y_te).float().mean().item()
+    run_dir = wandb_run_dir()  # before close() finishes the run
     opt.monitor.close()
 
     print(f"\n{opt.monitor.step} optimizer steps in {time.perf_counter() - start:.1f} s, "
@@ -136,7 +149,7 @@ def main() -> None:
           f"band {list(HEALTHY)} for weight matrices):")
     print(ratio_table(history, {n for n, p in net.named_parameters() if p.dim() >= 2}))
     print(health_summary(opt.monitor.latest))
-    print(where_logged(opt.monitor.settings))
+    print(where_logged(opt.monitor.settings, run_dir))
 
 if __name__ == "__main__":
     main()

@@ -27,3 +27,16 @@ def test_digits_example_trains_logs_and_prints_the_table(tmp_path):
     accuracy = float(out.split("test accuracy ")[1].split()[0])
     assert accuracy > 0.8
     assert any(p.name.startswith("events.out.tfevents") for p in tmp_path.iterdir())
+
+
+def test_digits_example_names_the_wandb_run_directory_it_wrote(tmp_path):
+    """With W&B offline, the closing lines give the run's own directory (under ``$WANDB_DIR/wandb/``)
+    and the command that uploads it."""
+    env = {**os.environ, "MONITORED_OPTIM_BACKEND": "wandb", "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
+           "WANDB_SILENT": "true"}
+    out = subprocess.run([sys.executable, str(EXAMPLE), "--epochs", "1"], env=env, capture_output=True,
+                         text=True, timeout=300, check=True).stdout
+    line = next(line for line in out.splitlines() if line.startswith("W&B run in "))
+    run_dir = Path(line.removeprefix("W&B run in ").split(";")[0])
+    assert run_dir.parent == tmp_path / "wandb" and run_dir.name.startswith("offline-run-")
+    assert any(run_dir.glob("*.wandb")) and f"wandb sync {run_dir}" in line

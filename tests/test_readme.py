@@ -1,0 +1,68 @@
+"""The README's Python snippets run as written, on the objects their text presumes (a model, a data
+loader, a Trainer's arguments, an accelerator), so that they cannot drift from the library."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def python_blocks() -> list[str]:
+    """The ```python blocks of the README, in order."""
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_the_readme_has_the_snippets_this_test_runs():
+    blocks = python_blocks()
+    assert len(blocks) == 2, len(blocks)
+    assert "for x, y in loader:" in blocks[0] and "transformers.Trainer" in blocks[1]
+
+
+def test_the_training_loop_snippet_runs_and_logs_every_step(tmp_path, monkeypatch):
+    monkeypatch.setenv("MONITORED_OPTIM_BACKEND", "jsonl")
+    monkeypatch.setenv("MONITORED_OPTIM_LOGDIR", str(tmp_path))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    loader = [(torch.randn(16, 4), torch.randn(16, 2)) for _ in range(5)]
+    namespace = {"model": model, "loader": loader, "loss_fn": torch.nn.functional.mse_loss}
+    exec(python_blocks()[0], namespace)
+    opt = namespace["opt"]
+    assert opt.monitor.step == 5
+    assert "update_to_data/0.weight" in opt.monitor.latest
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 5
+
+
+def test_the_trainer_snippets_build_their_optimizers(tmp_path, monkeypatch):
+    """Each line of the "Use with your trainer" block, with a tiny GPT-2, TrainingArguments and an
+    accelerate Accelerator on the CPU."""
+    transformers = pytest.importorskip("transformers")
+    accelerate = pytest.importorskip("accelerate")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("MONITORED_OPTIM_LOGDIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("MONITORED_OPTIM_BACKEND", "none")
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=16)
+    model = transformers.GPT2LMHeadModel(config)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True)
+    train = [{"input_ids": torch.arange(8), "labels": torch.arange(8)} for _ in range(4)]
+    loader = torch.utils.data.DataLoader(torch.randn(8, 16), batch_size=4)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    namespace = {"model": model, "args": args, "train": train, "loader": loader, "decay": decay,
+                 "no_decay": no_decay, "accelerator": accelerate.Accelerator(cpu=True), "transformers": transformers}
+    from monitored_optim import Monitored, MonitorConfig  # noqa: F401 - the snippet's names
+    namespace.update(torch=torch, Monitored=Monitored, MonitorConfig=MonitorConfig)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the libraries' own
+        exec(python_blocks()[1], namespace)
+    assert isinstance(namespace["trainer"], transformers.Trainer)
+    assert namespace["trainer"].optimizer.monitor.settings.backends == ("wandb",)
+    assert callable(namespace["configure_optimizers"])
+    nanogpt = namespace["opt"].monitor  # the last line: bare tensors, named from MonitorConfig(model=)
+    assert "transformer.h.0.attn.c_attn.weight" in nanogpt.describe() and "param0" not in nanogpt.describe()
