@@ -114,7 +114,7 @@ def bounds(xs: list[Tensor]) -> Tensor:
 
 
 def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factors: Tensor, s: Tensor | None,
-             extremes: Tensor, after: list[Tensor], grads: list[Tensor]) -> Tensor:
+             extremes: Tensor | None, after: list[Tensor], grads: list[Tensor]) -> Tensor:
     """Rows of p_before, grad and u of parameters whose update is rebuilt from state.
 
     Args:
@@ -122,17 +122,21 @@ def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factor
             d = factor·r the update the step added (``Scaled(r, factor)``).
         factors: float64 tensor of shape ``(k,)``.
         s: the decoupled-decay factor 1 - lr·λ (a 0-dim tensor: p ← s·p before the add), or None.
-        extremes: :func:`bounds` of the parameters before the step, shape ``(k, 2)``.
+        extremes: :func:`bounds` of the parameters before the step, shape ``(k, 2)``, or None where
+            every one is known to have had a spread at the last logging step.
         after: the k parameters after the step (float32/float64, each with its grad in ``grads``).
 
     Returns:
         Float64 tensor of shape ``(3, k, 3)``: :func:`shifted_rows` of p_before, grad and u.
     """
     before = []
-    for p, r, f, (lo, hi) in zip(after, rebuild(*args), factors.unbind(), extremes.unbind()):
+    for i, (p, r, f) in enumerate(zip(after, rebuild(*args), factors.unbind())):
         b = p - (r * f).to(p.dtype)  # the nearest value to p - d, rounded in p's dtype
         b = b if s is None else b / s.to(p.dtype)
-        before.append(torch.where(lo == hi, lo, b))  # a constant is recovered exactly
+        if extremes is not None:
+            lo, hi = extremes[i].unbind()
+            b = torch.where(lo == hi, lo, b)  # a constant is recovered exactly
+        before.append(b)
     changes = [p - b for p, b in zip(after, before)]  # exact (Sterbenz)
     return torch.stack([shifted_rows(before), shifted_rows(grads), shifted_rows(changes)])
 

@@ -147,6 +147,7 @@ class Monitor:
         self._verify_told: set[str] = set()
         self._centre: dict[tuple[str, str], bool] = {}
         self._risky: set[str] = set()
+        self._varied: set[str] = set()  # parameters whose p_before had a spread at the last logging step
         self._budget = capture.PART_ELEMENTS * 4
         self._fuser = fused.Fuser(self.settings.compile)
         _warn_if_shared(self.settings)
@@ -326,11 +327,11 @@ class Monitor:
                 lead = lead or e
                 entries.append(e)
         self._flatten(small)
-        rebuilt = [e for e in entries if e.fused and e.snapshot is None and e.flat is None]
+        rebuilt = [e for e in entries if e.fused and e.snapshot is None and e.flat is None and e.name not in self._varied]
         for chunk in _device_chunks(copies):  # the snapshot rule's copies of fused entries
             for e, before in zip(chunk, self._fuser(fused.copied, [e.p for e in chunk], device=chunk[0].p.device)):
                 e.snapshot = Cloned(before)
-        for chunk in _device_chunks(rebuilt):  # and the bounds of those the view rebuilds
+        for chunk in _device_chunks(rebuilt):  # and the bounds of those the view rebuilds, unless known to vary
             for e, extremes in zip(chunk, self._fuser(fused.bounds, [e.p for e in chunk],
                                                       device=chunk[0].p.device).unbind()):
                 e.extremes = extremes
@@ -479,7 +480,8 @@ class Monitor:
         risky = capture.rounding_risk(eps, table.sq_norm[:, 0] / table.n[:, 0].clamp(min=1),
                                       std[:, 0], std[:, 2]).tolist()
         figures: dict[str, float] = {}
-        for e, (got, n), values, flags, risk in zip(entries, hosted, columns, centre, risky):
+        spreads = (std[:, 0] > 0).tolist()  # NaN (one element) is no spread
+        for e, (got, n), values, flags, risk, spread in zip(entries, hosted, columns, centre, risky, spreads):
             tags = _tags(e.name)
             figures.update(zip(tags[:3], values[:3]))
             if "grad" in got:
@@ -490,6 +492,7 @@ class Monitor:
                 self._centre.update(((e.name, kind), flag) for kind, flag in zip(_KINDS, flags)
                                     if kind != "grad" or "grad" in got)
                 (self._risky.add if risk and "u" in got else self._risky.discard)(e.name)
+                (self._varied.add if spread else self._varied.discard)(e.name)
         return figures
 
     def _fuse(self, entries: list[_Entry], state: dict[Tensor, dict[str, Any]], batch: stats.Batch) -> None:
@@ -504,7 +507,7 @@ class Monitor:
             chunk = members[0].flat
             after = _flatten_dense_tensors([e.p for e in members])
             grads = _flatten_dense_tensors([e.p.grad for e in members])
-            rows = self._fuser(fused.flat, chunk.before, after, grads, chunk.lengths, device=after.device)
+            rows = fused.flat(chunk.before, after, grads, chunk.lengths)  # eager: faster than compiled here
             self._put(batch, members, rows)
         kinds: dict[tuple[Any, ...], list[_Entry]] = {}
         for e in entries:
@@ -533,7 +536,12 @@ class Monitor:
         it has none for these states, the view's eager rebuild and inversion with p_before = p_after - u."""
         form = self.view.fused(group, after, states)  # type: ignore[attr-defined]
         if form is not None:
-            return self._fuser(fused.inverted, *form, torch.stack(extremes), after, grads, device=after[0].device)
+            known = [x for x in extremes if x is not None]
+            if known and len(known) < len(extremes):  # lo < hi: not constant, no effect
+                apart = torch.tensor([0, 1], dtype=after[0].dtype, device=after[0].device)
+                extremes = [apart if x is None else x for x in extremes]
+            bounds = torch.stack(extremes) if known else None
+            return self._fuser(fused.inverted, *form, bounds, after, grads, device=after[0].device)
         before = []
         for p, result, bound in zip(after, rebuild(self.view, group, after, states, [None] * len(after)), extremes):
             u = capture.stored_change(p, result, None, bound)[0]

@@ -173,3 +173,56 @@ def test_describe_says_how_each_parameter_is_captured():
     assert rows["low.weight"].endswith("snapshot (low precision)")
     lbfgs = Monitored(O.LBFGS)(list(m["fc"].named_parameters()), monitor=MonitorConfig(backend="none"))
     assert "clone (no state-aware view" in lbfgs.monitor.describe()
+
+
+def test_spike_counts_equal_hampels_identifier_computed_here():
+    """The vectorized spikes family against the rule written out with ``statistics.median`` per
+    series, over 60 logging steps of 30 parameters with injected spikes, missing values and zero
+    grad norms."""
+    import math
+    import statistics
+    from collections import deque
+    from types import SimpleNamespace
+
+    from monitored_optim.families import spikes as S
+
+    gen = torch.Generator().manual_seed(0)
+    names = [f"layers.{i}.weight" for i in range(30)]
+    family, history, total = S.Spikes(), {}, 0
+    for step in range(1, 61):
+        figures = {}
+        for i, name in enumerate(names):
+            g = float(10 ** (torch.randn(1, generator=gen).item() * 0.1 - 2))
+            r = -3 + 0.05 * torch.randn(1, generator=gen).item()
+            near = 0.9 + 0.2 * torch.rand(1, generator=gen).item()  # about the floor of a factor of 10:
+            if (step + i) % 7 == 0:  # spikes on both sides of the rule's bound
+                g *= 10 ** near
+            if (step * i) % 5 == 1:
+                r += near
+            if (step + 2 * i) % 13 != 0:  # sometimes missing
+                figures[f"grad_norm/{name}"] = 0.0 if (step + i) % 29 == 0 else g
+            figures[f"update_to_data/{name}"] = r
+        want = 0
+        for name in names:
+            hit = False
+            for kind in S.FIGURES:
+                value = figures.get(f"{kind}/{name}")
+                if value is None or (kind == "grad_norm" and value <= 0):
+                    continue
+                x = math.log10(value) if kind == "grad_norm" else value
+                past = history.setdefault((name, kind), deque(maxlen=S.WINDOW))
+                spike = False
+                if len(past) >= S.MIN_HISTORY:
+                    m = statistics.median(past)
+                    mad = statistics.median(abs(v - m) for v in past)
+                    spike = abs(x - m) > max(S.THRESHOLD * 1.4826 * mad, S.FLOOR)
+                if not spike:
+                    past.append(x)
+                hit |= spike
+            want += hit
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its one warning is tested above
+            got = family.figures(SimpleNamespace(step=step, names=names, figures=figures))
+        assert got["health/spikes"] == want, (step, got, want)
+        total += want
+    assert total > 30, total  # the bound was crossed often enough to tell rules apart

@@ -17,9 +17,10 @@ identification").
 from __future__ import annotations
 
 import math
-import statistics
-from collections import deque
 from typing import Any
+
+import torch
+from torch import Tensor
 
 from .._warnings import warn
 from .base import Family
@@ -33,36 +34,68 @@ FIGURES = ("grad_norm", "update_to_data")
 
 class Spikes(Family):
     """``health/spikes``: the number of parameters whose grad norm or update-to-data ratio spiked at
-    this logging step; a warning names the first parameters to spike and the step."""
+    this logging step; a warning names the first parameters to spike and the step.
+
+    The last :data:`WINDOW` values of every series live in one float64 table (parameters x
+    :data:`FIGURES` x window, NaN where empty), so that a logging step's medians and MADs are a few
+    ops on the host for all parameters (the median of an even count is the mean of the middle two,
+    as ``statistics.median``)."""
 
     def __init__(self) -> None:
-        self._history: dict[tuple[str, str], deque[float]] = {}
+        self._row: dict[str, int] = {}
+        self._history = torch.full((0, len(FIGURES), WINDOW), math.nan, dtype=torch.float64)
+        self._count = torch.zeros((0, len(FIGURES)), dtype=torch.long)
         self._told = False
 
     def figures(self, step: Any) -> dict[str, float]:
-        spiking = []
-        for name in step.names:
-            hits = [kind for kind in FIGURES if self._spikes(name, kind, step.figures.get(f"{kind}/{name}"))]
-            if hits:
-                spiking.append((name, hits))
+        names = list(step.names)
+        self._grow(names)
+        rows = torch.tensor([self._row[name] for name in names], dtype=torch.long)
+        x = torch.tensor([[_value(kind, step.figures.get(f"{kind}/{name}")) for kind in FIGURES] for name in names],
+                         dtype=torch.float64).reshape(len(names), len(FIGURES))
+        past, count = self._history[rows], self._count[rows]
+        median = _median(past, count)
+        mad = _median((past - median.unsqueeze(-1)).abs(), count)
+        bound = torch.clamp(THRESHOLD * 1.4826 * mad, min=FLOOR)
+        spike = (count >= MIN_HISTORY) & x.isfinite() & ((x - median).abs() > bound)
+        keep = x.isfinite() & ~spike  # a spiking value does not enter the baseline
+        r, k = keep.nonzero(as_tuple=True)
+        self._history[rows[r], k, count[r, k] % WINDOW] = x[r, k]
+        self._count[rows[r], k] += 1
+        hits = spike.tolist()
+        spiking = [(name, [kind for kind, hit in zip(FIGURES, row) if hit]) for name, row in zip(names, hits) if any(row)]
         if spiking and not self._told:
             self._told = True
-            shown = ", ".join(f"{name!r} ({' and '.join(hits)})" for name, hits in spiking[:5])
+            shown = ", ".join(f"{name!r} ({' and '.join(kinds)})" for name, kinds in spiking[:5])
             more = f" and {len(spiking) - 5} more" if len(spiking) > 5 else ""
             warn(f"monitored_optim: spike at step {step.step} in {shown}{more}: far outside each one's "
                  f"last {WINDOW} logged values (health/spikes counts them at every logging step)", RuntimeWarning)
         return {"health/spikes": float(len(spiking))}
 
-    def _spikes(self, name: str, kind: str, value: float | None) -> bool:
-        if value is None or (kind == "grad_norm" and value <= 0):
-            return False
-        x = math.log10(value) if kind == "grad_norm" else value
-        past = self._history.setdefault((name, kind), deque(maxlen=WINDOW))
-        spike = False
-        if len(past) >= MIN_HISTORY:
-            median = statistics.median(past)
-            mad = statistics.median(abs(v - median) for v in past)
-            spike = abs(x - median) > max(THRESHOLD * 1.4826 * mad, FLOOR)
-        if not spike:
-            past.append(x)
-        return spike
+    def _grow(self, names: list[str]) -> None:
+        """Rows for names not seen before."""
+        new = [name for name in names if name not in self._row]
+        if not new:
+            return
+        self._row.update({name: len(self._row) + i for i, name in enumerate(new)})
+        self._history = torch.cat([self._history, torch.full((len(new), len(FIGURES), WINDOW), math.nan,
+                                                             dtype=torch.float64)])
+        self._count = torch.cat([self._count, torch.zeros((len(new), len(FIGURES)), dtype=torch.long)])
+
+
+def _value(kind: str, value: float | None) -> float:
+    """A figure on the scale spikes are judged on (log10 of a grad norm), NaN where there is none."""
+    if value is None or (kind == "grad_norm" and value <= 0):
+        return math.nan
+    return math.log10(value) if kind == "grad_norm" else value
+
+
+def _median(values: Tensor, count: Tensor) -> Tensor:
+    """Median of the first ``min(count, WINDOW)`` non-NaN entries along the last dimension (NaN
+    sorts last), the mean of the middle two for an even number; NaN where there are none."""
+    n = count.clamp(max=WINDOW)
+    ordered = values.sort(-1).values
+    lo = ((n - 1).clamp(min=0) // 2).unsqueeze(-1)
+    hi = (n // 2).clamp(max=WINDOW - 1).unsqueeze(-1)
+    middle = (ordered.gather(-1, lo) + ordered.gather(-1, hi)).squeeze(-1) / 2
+    return torch.where(n > 0, middle, math.nan)
