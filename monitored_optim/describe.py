@@ -84,10 +84,10 @@ def _capture(monitor: Any, name: str, p: torch.Tensor, storages: dict[int, int],
         return "skipped (integer tensor: never stepped)"
     if not monitor.settings.select(name, p):
         return "skipped (left out by the selection: params=, exclude= or MONITORED_OPTIM_PARAMS)"
-    if p.dtype in (torch.float32, torch.float64) and 0 < p.numel() <= fused.SMALL and p.layout == torch.strided:
-        return f"copied flat (at most {fused.SMALL:,} elements)"
     if monitor.view is CLONE:
         return "clone (no state-aware view for this optimizer's step)"
+    if p.dtype in (torch.float32, torch.float64) and 0 < p.numel() <= fused.SMALL and p.layout == torch.strided:
+        return f"copied flat (at most {fused.SMALL:,} elements)"
     compiled = ", fused" if fused.enabled(monitor.settings.compile, p.device) and p.dtype in (
         torch.float32, torch.float64) else ""
     reason = capture.snapshot_reason(p, capture.aliased(p, storages), name in monitor._risky)

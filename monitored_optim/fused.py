@@ -85,7 +85,7 @@ def flat(before: Tensor, after: Tensor, grads: Tensor, lengths: Tensor) -> Tenso
         Float64 tensor of shape ``(3, k, 3)``.
     """
     return torch.stack([segment_rows(before, lengths), segment_rows(grads, lengths),
-                        segment_rows(after - before, lengths)])
+                        segment_rows(after.double() - before.double(), lengths)])  # exact also across 0
 
 
 def shifted_rows(xs: Sequence[Tensor]) -> Tensor:
@@ -107,14 +107,17 @@ def shifted_rows(xs: Sequence[Tensor]) -> Tensor:
     return torch.stack(rows)
 
 
-def bounds(xs: list[Tensor]) -> Tensor:
-    """``[min, max]`` of each of ``xs`` before the step, shape ``(k, 2)`` in their dtype: where they are
-    equal (a matrix initialised at 0) p_before is that value exactly (``capture.bounds``)."""
-    return torch.stack([torch.stack([x.min(), x.max()]) for x in xs])
+def prior(xs: list[Tensor]) -> Tensor:
+    """Before the step, in one pass: per tensor ``[min, max, c, Σ(x - c), sqrt(Σ(x - c)^2)]`` in
+    float64, shape ``(k, 5)``: the bounds (where they are equal, a matrix initialised at 0, p_before
+    is that value exactly, ``capture.bounds``) and the :func:`shifted_rows` of p_before, taken here
+    because p_after - u cannot give p_before where the step made p non-finite."""
+    bounds = torch.stack([torch.stack([x.min(), x.max()]).double() for x in xs])
+    return torch.cat([bounds, shifted_rows(xs)], 1)
 
 
 def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factors: Tensor, s: Tensor | None,
-             extremes: Tensor | None, after: list[Tensor], grads: list[Tensor]) -> Tensor:
+             extremes: Tensor, after: list[Tensor], grads: list[Tensor]) -> Tensor:
     """Rows of p_before, grad and u of parameters whose update is rebuilt from state.
 
     Args:
@@ -122,23 +125,20 @@ def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factor
             d = factor·r the update the step added (``Scaled(r, factor)``).
         factors: float64 tensor of shape ``(k,)``.
         s: the decoupled-decay factor 1 - lr·λ (a 0-dim tensor: p ← s·p before the add), or None.
-        extremes: :func:`bounds` of the parameters before the step, shape ``(k, 2)``, or None where
-            every one is known to have had a spread at the last logging step.
+        extremes: the bounds of the parameters before the step (:func:`prior`), float64 ``(k, 2)``.
         after: the k parameters after the step (float32/float64, each with its grad in ``grads``).
 
     Returns:
-        Float64 tensor of shape ``(3, k, 3)``: :func:`shifted_rows` of p_before, grad and u.
+        Float64 tensor of shape ``(2, k, 3)``: :func:`shifted_rows` of the grad and of u (those of
+        p_before come from :func:`prior`).
     """
-    before = []
-    for i, (p, r, f) in enumerate(zip(after, rebuild(*args), factors.unbind())):
+    changes = []
+    for p, r, f, (lo, hi) in zip(after, rebuild(*args), factors.unbind(), extremes.unbind()):
         b = p - (r * f).to(p.dtype)  # the nearest value to p - d, rounded in p's dtype
         b = b if s is None else b / s.to(p.dtype)
-        if extremes is not None:
-            lo, hi = extremes[i].unbind()
-            b = torch.where(lo == hi, lo, b)  # a constant is recovered exactly
-        before.append(b)
-    changes = [p - b for p, b in zip(after, before)]  # exact (Sterbenz)
-    return torch.stack([shifted_rows(before), shifted_rows(grads), shifted_rows(changes)])
+        b = torch.where(lo == hi, lo.to(p.dtype), b)  # a constant is recovered exactly
+        changes.append(p - b)  # exact (Sterbenz)
+    return torch.stack([shifted_rows(grads), shifted_rows(changes)])
 
 
 def snapshotted(before: list[Tensor], after: list[Tensor], grads: list[Tensor]) -> Tensor:

@@ -28,7 +28,7 @@ from ._warnings import warn
 from .backends import Fanout
 from .config import MonitorConfig, Settings, family, resolve
 from .health import Health, ParamHealth
-from .updates import Cloned, Rows, View, elementwise, raw_step, rebuild, view_for
+from .updates import CLONE, Cloned, Rows, View, elementwise, raw_step, rebuild, view_for
 from .families.base import Family
 
 VERIFY_RTOL = 1e-3
@@ -78,7 +78,6 @@ class _Entry:
     extremes: Tensor | None = None
     fused: bool = False
     flat: _Flat | None = None
-    late: bool = False
 
 
     @property
@@ -147,7 +146,6 @@ class Monitor:
         self._verify_told: set[str] = set()
         self._centre: dict[tuple[str, str], bool] = {}
         self._risky: set[str] = set()
-        self._varied: set[str] = set()  # parameters whose p_before had a spread at the last logging step
         self._budget = capture.PART_ELEMENTS * 4
         self._fuser = fused.Fuser(self.settings.compile)
         _warn_if_shared(self.settings)
@@ -326,29 +324,25 @@ class Monitor:
                 e = self._entry(name, group, part, reason, lead)
                 lead = lead or e
                 entries.append(e)
-        self._flatten(small)
-        rebuilt = [e for e in entries if e.fused and e.snapshot is None and e.flat is None and e.name not in self._varied]
-        for chunk in _device_chunks(copies):  # the snapshot rule's copies of fused entries
-            for e, before in zip(chunk, self._fuser(fused.copied, [e.p for e in chunk], device=chunk[0].p.device)):
-                e.snapshot = Cloned(before)
-        for chunk in _device_chunks(rebuilt):  # and the bounds of those the view rebuilds, unless known to vary
-            for e, extremes in zip(chunk, self._fuser(fused.bounds, [e.p for e in chunk],
-                                                      device=chunk[0].p.device).unbind()):
-                e.extremes = extremes
         for e in entries:
             if e.lead is None:
                 e.slots.update({kind: batch.slot() for kind in _KINDS})
+        self._flatten(small)
+        for chunk in _device_chunks(copies):  # the snapshot rule's copies of fused entries
+            for e, before in zip(chunk, self._fuser(fused.copied, [e.p for e in chunk], device=chunk[0].p.device)):
+                e.snapshot = Cloned(before)
+        rebuilt = [e for e in entries if e.fused and e.snapshot is None and e.flat is None]
+        for chunk in _device_chunks(rebuilt):  # the bounds and p_before's sums of those the view rebuilds
+            rows = self._fuser(fused.prior, [e.p for e in chunk], device=chunk[0].p.device)
+            batch.put(rows[:, 2:], [stats.count(e.p) for e in chunk], [e.slots["p"] for e in chunk])
+            for e, extremes in zip(chunk, rows[:, :2].unbind()):
+                e.extremes = extremes
         eager = [e for e in entries if not e.fused]
-        late = fuse and all(getattr(self.view, "keeps_grad", lambda g: True)(g) for g in optimizer.param_groups)
-        if late:  # their sums after the step too: nothing allocated or freed before torch's own buffers
-            for e in eager:
-                e.late = True
-        else:
-            _record(batch, eager, "p", [e.p for e in eager], self._centring(eager, "p"))
-            if self.settings.figures & {"grad_to_data", "norms", "health"}:
-                _record_grads(batch, eager, grad_scale, self._centring(eager, "grad"))
+        _record(batch, eager, "p", [e.p for e in eager], self._centring(eager, "p"))
+        if self.settings.figures & {"grad_to_data", "norms", "health"}:
+            _record_grads(batch, eager, grad_scale, self._centring(eager, "grad"))
         for e in entries:
-            if (e.fused or e.late) and e.lead is None:
+            if e.fused:
                 e.slots["grad"] = batch.slot()
         return entries
 
@@ -359,6 +353,8 @@ class Monitor:
         compiling is enabled for its device, ``"copy"`` (the snapshot rule's) or ``"rebuilt"`` (a view
         with a fused form, ``updates``' ``fused``)."""
         grad = p.grad
+        if self.view is CLONE:
+            return None  # an optimizer of unknown code may rewrite or drop p.grad in its step
         if not (p.dtype in (torch.float32, torch.float64) and type(p) in (Tensor, torch.nn.Parameter)
                 and p.layout == torch.strided and p.numel() > 0 and grad is not None and grad.layout == torch.strided
                 and grad.dtype == p.dtype and getattr(self.view, "keeps_grad", lambda g: True)(group)):
@@ -480,8 +476,7 @@ class Monitor:
         risky = capture.rounding_risk(eps, table.sq_norm[:, 0] / table.n[:, 0].clamp(min=1),
                                       std[:, 0], std[:, 2]).tolist()
         figures: dict[str, float] = {}
-        spreads = (std[:, 0] > 0).tolist()  # NaN (one element) is no spread
-        for e, (got, n), values, flags, risk, spread in zip(entries, hosted, columns, centre, risky, spreads):
+        for e, (got, n), values, flags, risk in zip(entries, hosted, columns, centre, risky):
             tags = _tags(e.name)
             figures.update(zip(tags[:3], values[:3]))
             if "grad" in got:
@@ -492,7 +487,6 @@ class Monitor:
                 self._centre.update(((e.name, kind), flag) for kind, flag in zip(_KINDS, flags)
                                     if kind != "grad" or "grad" in got)
                 (self._risky.add if risk and "u" in got else self._risky.discard)(e.name)
-                (self._varied.add if spread else self._varied.discard)(e.name)
         return figures
 
     def _fuse(self, entries: list[_Entry], state: dict[Tensor, dict[str, Any]], batch: stats.Batch) -> None:
@@ -506,9 +500,9 @@ class Monitor:
         for members in chunks.values():
             chunk = members[0].flat
             after = _flatten_dense_tensors([e.p for e in members])
-            grads = _flatten_dense_tensors([e.p.grad for e in members])
+            grads = _flatten_dense_tensors(_grads(members))
             rows = fused.flat(chunk.before, after, grads, chunk.lengths)  # eager: faster than compiled here
-            self._put(batch, members, rows)
+            self._put(batch, members, rows, _KINDS)
         kinds: dict[tuple[Any, ...], list[_Entry]] = {}
         for e in entries:
             key = (id(e.group), e.p.device, e.p.dtype, e.p.dim(), isinstance(e.snapshot, Cloned))
@@ -517,18 +511,22 @@ class Monitor:
         for key, members in kinds.items():
             for i in range(0, len(members), fused.CHUNK):
                 chunk = members[i:i + fused.CHUNK]
-                after, grads = [e.p for e in chunk], [e.p.grad for e in chunk]
+                after, grads = [e.p for e in chunk], _grads(chunk)
                 rows = (self._fuser(fused.snapshotted, [e.snapshot.before for e in chunk], after, grads, device=key[1]) if key[-1]
                         else self._rebuilt_rows(chunk[0].group, after, [state.get(p, {}) for p in after], grads,
                                                 [e.extremes for e in chunk]))
-                self._put(batch, chunk, rows)
+                self._put(batch, chunk, rows, _KINDS if key[-1] else _KINDS[1:])
 
     @staticmethod
-    def _put(batch: stats.Batch, chunk: list[_Entry], rows: Tensor) -> None:
-        """The fused capture's ``(3, k, 3)`` rows of a chunk into its entries' p, grad and u slots."""
+    def _put(batch: stats.Batch, chunk: list[_Entry], rows: Tensor, kinds: tuple[str, ...]) -> None:
+        """The fused capture's ``(len(kinds), k, 3)`` rows of a chunk into its entries' slots of those
+        kinds (none for the grad of a parameter whose step left it without one)."""
         counts = [stats.count(e.p) for e in chunk]
-        for kind, table in zip(_KINDS, rows.unbind(0)):
-            batch.put(table, counts, [e.slots[kind] for e in chunk])
+        for kind, table in zip(kinds, rows.unbind(0)):
+            keep = [i for i, e in enumerate(chunk) if kind != "grad" or e.p.grad is not None]
+            if len(keep) < len(chunk):
+                table = table[keep]
+            batch.put(table, [counts[i] for i in keep], [chunk[i].slots[kind] for i in keep])
 
     def _rebuilt_rows(self, group: dict[str, Any], after: list[Tensor], states: list[dict[str, Any]],
                       grads: list[Tensor], extremes: list[Tensor]) -> Tensor:
@@ -536,17 +534,12 @@ class Monitor:
         it has none for these states, the view's eager rebuild and inversion with p_before = p_after - u."""
         form = self.view.fused(group, after, states)  # type: ignore[attr-defined]
         if form is not None:
-            known = [x for x in extremes if x is not None]
-            if known and len(known) < len(extremes):  # lo < hi: not constant, no effect
-                apart = torch.tensor([0, 1], dtype=after[0].dtype, device=after[0].device)
-                extremes = [apart if x is None else x for x in extremes]
-            bounds = torch.stack(extremes) if known else None
-            return self._fuser(fused.inverted, *form, bounds, after, grads, device=after[0].device)
+            return self._fuser(fused.inverted, *form, torch.stack(extremes), after, grads, device=after[0].device)
         before = []
         for p, result, bound in zip(after, rebuild(self.view, group, after, states, [None] * len(after)), extremes):
-            u = capture.stored_change(p, result, None, bound)[0]
+            u = capture.stored_change(p, result, None, bound.to(p.dtype))[0]
             before.append(p.detach() if u is None else p.detach() - u)
-        return fused.snapshotted(before, after, grads)
+        return fused.snapshotted(before, after, grads)[1:]  # p_before's sums came from fused.prior
 
     def _measure_updates(self, chunk: list[_Entry], states: list[dict[str, Any]], batch: stats.Batch) -> None:
         """The stored change of each part of one chunk (one param group, one device): rebuilt by the
@@ -557,43 +550,21 @@ class Monitor:
         params, views = zip(*[capture.widened(chunk[i].p, states[i]) for i in viewed]) if viewed else ((), ())
         rebuilt = dict(zip(viewed, rebuild(self.view, chunk[0].group, list(params), list(views),
                                            [chunk[i].snapshot for i in viewed])))
-        jobs, late = [], []
+        jobs = []
         for i, e in enumerate(chunk):
             result = rebuilt.get(i)
             if isinstance(result, Rows):  # one slice at a time, each reduced before the next is built
                 for span, piece in result.slices():
                     u = self._stored(e, piece, span)
-                    if e.late:
-                        self._late_sums(batch, [(e, u, span)])
                     if u is not None:
                         _record(batch, [e], "u", [u], [self._centre.get((e.name, "u"), True)], scratch=True)
             else:
                 u = self._stored(e, result, state=states[i])
-                if e.late:
-                    late.append((e, u, None))
                 if u is not None:
                     jobs.append((e, u))
             e.clone = None
-        self._late_sums(batch, late)
         centre = [self._centre.get((e.name, "u"), True) for e, _ in jobs]
         _record(batch, [e for e, _ in jobs], "u", [u for _, u in jobs], centre, scratch=True)
-
-    def _late_sums(self, batch: stats.Batch, items: list[tuple[_Entry, Tensor | None, slice | None]]) -> None:
-        """The sums of p_before and the grad of late entries (taken after the step: p_before is the
-        snapshot, or p_after - u, exact), for each ``(entry, u, span)`` (u None: it did not move)."""
-        if not items:
-            return
-        def cut(t: Tensor, span: slice | None) -> Tensor:
-            return t if span is None else t.detach().view(-1)[span]
-
-        es = [e for e, _, _ in items]
-        before = [cut(e.before, span) if e.before is not None else
-                  (cut(e.p, span) if u is None else cut(e.p, span) - u) for e, u, span in items]
-        _record(batch, es, "p", before, self._centring(es, "p"),
-                scratch=[e.before is None and u is not None for e, u, _ in items])  # p_after - u is ours
-        with_grad = [(e, span) for e, _, span in items if e.p.grad is not None]
-        _record(batch, [e for e, _ in with_grad], "grad", [cut(e.p.grad, span) for e, span in with_grad],
-                self._centring([e for e, _ in with_grad], "grad"))
 
     def _stored(self, e: _Entry, result: Any, span: slice | None = None,
                 state: dict[str, Any] | None = None) -> Tensor | None:
@@ -649,6 +620,12 @@ class Monitor:
                          f"the tag budget of {self.settings.tag_budget} for TensorBoard and W&B; choose what is "
                          "monitored with MonitorConfig(params=..., figures=...) or raise tag_budget")
             self._backends.log(self.latest, self.step, compact)
+
+
+def _grads(entries: list[_Entry]) -> list[Tensor]:
+    """Each entry's grad after the step, zeros where it has none (a step that dropped it: its grad's
+    rows are left out)."""
+    return [e.p.grad if e.p.grad is not None else torch.zeros_like(e.p) for e in entries]
 
 
 def _device_chunks(entries: list[_Entry]) -> Iterator[list[_Entry]]:

@@ -5,6 +5,7 @@ number of tensors."""
 from __future__ import annotations
 
 import collections
+import math
 import warnings
 
 import pytest
@@ -148,3 +149,52 @@ def test_compile_off_and_auto_on_cpu_keep_the_eager_capture(tmp_path):
             warnings.simplefilter("error")
             _train(model, opt, 2, check=True)
         assert opt.monitor._fuser._compiled == {}
+
+
+class DecayIntoGrad(torch.optim.SGD):
+    """An optimizer of the old style: weight decay added into ``p.grad`` in place, then the grad
+    dropped (``p.grad = None``) inside its own ``step``."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.add_(p, alpha=0.1)
+                    p.add_(p.grad, alpha=-group["lr"])
+                    p.grad = None
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_a_step_that_rewrites_or_drops_the_grad_is_measured_on_the_grad_it_was_given(compile, tmp_path):
+    """A subclass overriding ``step`` gets the clone capture, whose grad sums are taken before the
+    step: a 300-element vector (the flat limit is 4,096) and an 80 x 80 matrix."""
+    gen = torch.Generator().manual_seed(0)
+    named = [("small", nn.Parameter(torch.randn(300, generator=gen))),
+             ("large", nn.Parameter(torch.randn(80, 80, generator=gen)))]
+    opt = Monitored(DecayIntoGrad)(named, lr=1e-2, monitor=MonitorConfig(backend="none", compile=compile,
+                                                                         logdir=tmp_path))
+    for _ in range(2):
+        for _, p in named:
+            p.grad = torch.randn(p.shape, generator=gen)
+        before, grads = truth.snapshot(named)
+        opt.step()
+        truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_a_non_finite_grad_keeps_the_finite_param_norm(compile, tmp_path):
+    """NaN and Inf in an AdamW matrix's grad make its update non-finite; p_before's figures stay
+    those of the clone (they are taken before the step), and health names the grad and update."""
+    w = nn.Parameter(torch.randn(80, 80, generator=torch.Generator().manual_seed(0)))
+    opt = Monitored(torch.optim.AdamW)([("w", w)], lr=1e-3, monitor=MonitorConfig(backend="none", compile=compile,
+                                                                                   logdir=tmp_path))
+    w.grad = torch.randn(80, 80)
+    opt.step()
+    w.grad = torch.randn(80, 80)
+    w.grad[0, 0], w.grad[-1, -1] = math.nan, math.inf
+    want = w.detach().double().norm().item()
+    with pytest.warns(RuntimeWarning, match="NaN or Inf in its grad and update at step 2"):
+        opt.step()
+    assert opt.monitor.latest["param_norm/w"] == pytest.approx(want, rel=1e-6)
+    assert opt.monitor.latest["health/nonfinite"] == 1.0
