@@ -138,7 +138,24 @@ def _steps(name: str, monitored: bool, steps: int = 3, track: bool = False) -> t
     return peak, sum(p.numel() * p.element_size() for _, p in named)
 
 
+def _warm(name: str) -> None:
+    """Two logging steps of optimizer ``name`` on a 64 x 64 layer, freed before the model is built:
+    the one-time costs of a process's first logging step (torch kernels run for the first time,
+    their code pages and lazily built tables, the library's modules) are then in both processes,
+    and what differs is what scales with the model."""
+    from monitored_optim import Monitored, MonitorConfig
+
+    layer = torch.nn.Linear(64, 64)
+    cls, kwargs = OPTIMIZERS[name]
+    opt = Monitored(cls)(layer.named_parameters(), **kwargs, monitor=MonitorConfig(backend="none"))
+    for _ in range(2):
+        layer(torch.randn(4, 64)).sum().backward()
+        opt.step()
+    opt.monitor.close()
+
+
 def _child(name: str, monitored: bool) -> None:
+    _warm(name)
     _steps(name, monitored)
     with open("/proc/self/status") as status:  # VmHWM: this process's peak RSS (ru_maxrss is
         fields = dict(line.split(":", 1) for line in status)  # inherited across fork)
@@ -146,7 +163,8 @@ def _child(name: str, monitored: bool) -> None:
 
 
 def _fresh_rss(name: str, monitored: bool) -> tuple[int, int]:
-    """Peak RSS (bytes, Linux ``VmHWM``) of a fresh Python process that runs :func:`_steps`, and its
+    """Peak RSS (bytes, Linux ``VmHWM``) of a fresh Python process that runs :func:`_warm` then
+    :func:`_steps`, and its
     file-backed resident bytes at the end (``RssFile``: pages of shared libraries' code and data,
     such as the torch kernels a logging step runs for the first time, not allocated memory)."""
     import subprocess

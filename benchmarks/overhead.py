@@ -147,6 +147,8 @@ CLONE_TARGET = 0.6
 MANY_TARGET = 2.0
 """A fused logging step on 2,000 small tensors, as a multiple of the plain step, at most."""
 MEMORY_TARGET = 0.10
+NOISE = 0.98
+"""A ratio below this for a mode that does more than plain is impossible: the machine's load made it."""
 MODES = ["plain", "floor", "clone-diff", "eager every=1", "fused every=1", "fused every=10"]
 
 
@@ -183,8 +185,8 @@ def bench(name, cls, kwargs, rounds, device):
     for m in MODES:
         mem = f"{memory[m]:.1%}" if m in memory else ("as fused every=1" if m == "fused every=10" else "0")
         print(f"{m:<15} {ratio[m]['step']:>13.3f} {ratio[m]['iter']:>18.3f} {mem:>18}")
-    loaded = ratio["floor"]["step"] < 1 or any(ratio[m]["iter"] < 1 for m in MODES[1:])
-    checks = [f"{m} {k} {ratio[m][k]:.2f} <= {t} {verdict(ratio[m][k], t, ratio[m][k] < 1 or loaded)}"
+    loaded = ratio["floor"]["step"] < NOISE  # the floor does more than plain: it cannot be faster
+    checks = [f"{m} {k} {ratio[m][k]:.2f} <= {t} {verdict(ratio[m][k], t, ratio[m][k] < NOISE or loaded)}"
               for (m, k), t in TARGETS.items()]
     vs_clone = med["fused every=1"]["step"] / med["clone-diff"]["step"]
     checks.append(f"fused every=1 / clone-diff {vs_clone:.2f} <= {CLONE_TARGET} {verdict(vs_clone, CLONE_TARGET)}")
@@ -235,7 +237,7 @@ def bench_many(cls, kwargs, rounds, device):
     print(f"\n2,000 small tensors ({cls.__name__}): plain step {med['plain'] * 1e3:.2f} ms; logging step / plain: "
           + ", ".join(f"{m} {r:.2f}" for m, r in ratios.items()) + f" (first fused step {compile_s:.1f} s)")
     print(f"targets: fused logging step {ratios['fused every=1']:.2f} <= {MANY_TARGET} "
-          f"{verdict(ratios['fused every=1'], MANY_TARGET, ratios['fused every=1'] < 1)}")
+          f"{verdict(ratios['fused every=1'], MANY_TARGET, ratios['fused every=1'] < NOISE)}")
 
 
 def main():
