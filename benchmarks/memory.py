@@ -9,6 +9,9 @@ grads, optimizer state) are not counted; new state that the block creates and ke
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import weakref
 
 import torch
@@ -54,6 +57,21 @@ class PeakMemory(TorchDispatchMode):
             self.live -= self._sizes.pop(key)
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Send file descriptor 2 to /dev/null for the block: the profiler's C++ side prints a line per
+    start and stop there ("USDT: ... profiler_start"), which Python's warnings filters cannot reach."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def allocated_peak(fn) -> int:
     """Peak bytes allocated above what was live when ``fn()`` started, from the profiler's memory
     events (every allocation of the CPU allocator, compiled kernels' buffers included, which a
@@ -65,7 +83,8 @@ def allocated_peak(fn) -> int:
         fn()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - start
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                 profile_memory=True) as prof:
         fn()
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
     live = peak = 0
@@ -164,11 +183,10 @@ def _child(name: str, monitored: bool) -> None:
 
 def _fresh_rss(name: str, monitored: bool) -> tuple[int, int]:
     """Peak RSS (bytes, Linux ``VmHWM``) of a fresh Python process that runs :func:`_warm` then
-    :func:`_steps`, and its
-    file-backed resident bytes at the end (``RssFile``: pages of shared libraries' code and data,
-    such as the torch kernels a logging step runs for the first time, not allocated memory)."""
+    :func:`_steps`, and its file-backed resident bytes at the end (``RssFile``: pages of shared
+    libraries' code and data, such as the torch kernels a logging step runs for the first time, not
+    allocated memory)."""
     import subprocess
-    import sys
 
     out = subprocess.run([sys.executable, __file__, "--child", name, str(int(monitored))],
                          check=True, capture_output=True, text=True).stdout
@@ -180,8 +198,6 @@ def main() -> None:
     """``python benchmarks/memory.py [OPTIMIZER ...]``: the extra memory of logging steps (the first
     included) on a GPT-2-shaped model, as tracked allocations and as peak RSS in fresh processes,
     in % of parameter bytes."""
-    import sys
-
     if sys.argv[1:2] == ["--child"]:
         _child(sys.argv[2], sys.argv[3] == "1")
         return

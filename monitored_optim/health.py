@@ -2,7 +2,9 @@
 
 Counts go to the backends as ``health/no_grad``, ``health/unchanged``, ``health/nonfinite`` and
 ``health/skipped_steps``; each condition is also told once per parameter with ``warnings.warn``,
-naming the parameter, so that it reaches a user who never opens TensorBoard.
+naming the parameter, so that it reaches a user who never opens TensorBoard: one warning per
+condition and logging step, naming the first parameter and up to five more (a model whose
+thousand layers stop changing at once gets one warning, not a thousand).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class ParamHealth:
 
 
 class Health:
-    """Counts per logging step, cumulative skipped steps, and once-per-parameter warnings.
+    """Counts per logging step, cumulative skipped steps, and warnings that name each parameter once.
 
     Attributes:
         skipped_steps: optimizer steps skipped by AMP loss scaling so far (int).
@@ -83,31 +85,48 @@ class Health:
 
     def _warn_nonfinite(self, params: list[ParamHealth], step: int) -> None:
         fresh = [p for p in params if p.nonfinite and ("nonfinite", p.name) not in self._told]
-        for i, p in enumerate(fresh):
-            order = "first" if i == 0 and not any(k == "nonfinite" for k, _ in self._told) else "also"
-            self._once("nonfinite", p.name, f"monitored_optim: parameter {p.name!r} has NaN or Inf in its "
-                       f"{' and '.join(p.nonfinite)} at step {step} ({order} non-finite parameter); look for a "
-                       "too-high learning rate, a division by zero or an overflow in low precision")
+        if fresh:
+            order = "also" if any(k == "nonfinite" for k, _ in self._told) else "first"
+            p = fresh[0]
+            self._once("nonfinite", [q.name for q in fresh], f"monitored_optim: parameter {p.name!r} has NaN or "
+                       f"Inf in its {' and '.join(p.nonfinite)} at step {step} ({order} non-finite parameter); look "
+                       "for a too-high learning rate, a division by zero or an overflow in low precision")
 
     def _warn_unchanged(self, params: list[ParamHealth], step: int) -> None:
+        stale = []
         for p in params:
             streak = self._unchanged_streak.get(p.name, 0) + 1 if p.unchanged else 0
             self._unchanged_streak[p.name] = streak
             if streak >= STALE_AFTER:
-                self._once("unchanged", p.name, f"monitored_optim: parameter {p.name!r} has a gradient but "
-                           f"has not changed for {streak} logging steps (step {step}): a zero gradient "
-                           "(dead ReLU), a zero learning rate, or updates lost to bf16/fp16 rounding")
+                stale.append((p.name, streak))
+        if stale:
+            name, streak = stale[0]
+            self._once("unchanged", [n for n, _ in stale], f"monitored_optim: parameter {name!r} has a gradient "
+                       f"but has not changed for {streak} logging steps (step {step}): a zero gradient "
+                       "(dead ReLU), a zero learning rate, or updates lost to bf16/fp16 rounding")
 
     def _warn_no_grad(self, params: list[ParamHealth], step: int) -> None:
+        stale = []
         for p in params:
             streak = self._no_grad_streak.get(p.name, 0) + 1 if not p.has_grad else 0
             self._no_grad_streak[p.name] = streak
             if streak >= STALE_AFTER:
-                self._once("no_grad", p.name, f"monitored_optim: parameter {p.name!r} has had no gradient for "
-                           f"{streak} logging steps (step {step}): frozen by mistake, or a layer that forward "
-                           "never uses; unfreeze it or leave it out of the optimizer")
+                stale.append((p.name, streak))
+        if stale:
+            name, streak = stale[0]
+            self._once("no_grad", [n for n, _ in stale], f"monitored_optim: parameter {name!r} has had no "
+                       f"gradient for {streak} logging steps (step {step}): frozen by mistake, or a layer that "
+                       "forward never uses; unfreeze it or leave it out of the optimizer")
 
-    def _once(self, kind: str, name: str, message: str) -> None:
-        if (kind, name) not in self._told:
-            self._told.add((kind, name))
-            warn(message, RuntimeWarning)
+    def _once(self, kind: str, names: str | list[str], message: str) -> None:
+        """Warn ``message`` (about the first of ``names``) once: one warning per logging step for all
+        the parameters it is new for, naming up to five more of them."""
+        fresh = [n for n in ([names] if isinstance(names, str) else names) if (kind, n) not in self._told]
+        if not fresh:
+            return
+        self._told.update((kind, n) for n in fresh)
+        more = fresh[1:] if fresh[0] in message else fresh
+        if more:
+            shown = ", ".join(repr(n) for n in more[:5]) + (f" and {len(more) - 5} more" if len(more) > 5 else "")
+            message += f" (the same for {len(more)} more parameter{'s' if len(more) > 1 else ''}: {shown})"
+        warn(message, RuntimeWarning)
