@@ -10,6 +10,7 @@ thousand layers stop changing at once gets one warning, not a thousand).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -77,55 +78,50 @@ class Health:
         """
         held = {id(p) for group in optimizer.param_groups for p in group["params"]}
         missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in held]
-        for name in missing:
-            self._once("missing", name, f"monitored_optim: trainable parameter {name!r} of the watched model "
-                       "is in no param group of the optimizer, so it never changes; add it to the optimizer "
-                       "or set requires_grad=False")
+        self._once("missing", missing, lambda name: (
+            f"monitored_optim: trainable parameter {name!r} of the watched model is in no param group of the "
+            "optimizer, so it never changes; add it to the optimizer or set requires_grad=False"))
         return missing
 
     def _warn_nonfinite(self, params: list[ParamHealth], step: int) -> None:
-        fresh = [p for p in params if p.nonfinite and ("nonfinite", p.name) not in self._told]
-        if fresh:
-            order = "also" if any(k == "nonfinite" for k, _ in self._told) else "first"
-            p = fresh[0]
-            self._once("nonfinite", [q.name for q in fresh], f"monitored_optim: parameter {p.name!r} has NaN or "
-                       f"Inf in its {' and '.join(p.nonfinite)} at step {step} ({order} non-finite parameter); look "
-                       "for a too-high learning rate, a division by zero or an overflow in low precision")
+        bad = {p.name: p.nonfinite for p in params if p.nonfinite}
+        order = "also" if any(k == "nonfinite" for k, _ in self._told) else "first"
+        self._once("nonfinite", list(bad), lambda name: (
+            f"monitored_optim: parameter {name!r} has NaN or Inf in its {' and '.join(bad[name])} at step {step} "
+            f"({order} non-finite parameter); look for a too-high learning rate, a division by zero or an "
+            "overflow in low precision"))
 
     def _warn_unchanged(self, params: list[ParamHealth], step: int) -> None:
-        stale = []
-        for p in params:
-            streak = self._unchanged_streak.get(p.name, 0) + 1 if p.unchanged else 0
-            self._unchanged_streak[p.name] = streak
-            if streak >= STALE_AFTER:
-                stale.append((p.name, streak))
-        if stale:
-            name, streak = stale[0]
-            self._once("unchanged", [n for n, _ in stale], f"monitored_optim: parameter {name!r} has a gradient "
-                       f"but has not changed for {streak} logging steps (step {step}): a zero gradient "
-                       "(dead ReLU), a zero learning rate, or updates lost to bf16/fp16 rounding")
+        self._warn_streak("unchanged", [p.unchanged for p in params], params, self._unchanged_streak, lambda name, n: (
+            f"monitored_optim: parameter {name!r} has a gradient but has not changed for {n} logging steps "
+            f"(step {step}): a zero gradient (dead ReLU), a zero learning rate, or updates lost to bf16/fp16 "
+            "rounding"))
 
     def _warn_no_grad(self, params: list[ParamHealth], step: int) -> None:
-        stale = []
-        for p in params:
-            streak = self._no_grad_streak.get(p.name, 0) + 1 if not p.has_grad else 0
-            self._no_grad_streak[p.name] = streak
-            if streak >= STALE_AFTER:
-                stale.append((p.name, streak))
-        if stale:
-            name, streak = stale[0]
-            self._once("no_grad", [n for n, _ in stale], f"monitored_optim: parameter {name!r} has had no "
-                       f"gradient for {streak} logging steps (step {step}): frozen by mistake, or a layer that "
-                       "forward never uses; unfreeze it or leave it out of the optimizer")
+        self._warn_streak("no_grad", [not p.has_grad for p in params], params, self._no_grad_streak, lambda name, n: (
+            f"monitored_optim: parameter {name!r} has had no gradient for {n} logging steps (step {step}): "
+            "frozen by mistake, or a layer that forward never uses; unfreeze it or leave it out of the optimizer"))
 
-    def _once(self, kind: str, names: str | list[str], message: str) -> None:
-        """Warn ``message`` (about the first of ``names``) once: one warning per logging step for all
-        the parameters it is new for, naming up to five more of them."""
-        fresh = [n for n in ([names] if isinstance(names, str) else names) if (kind, n) not in self._told]
+    def _warn_streak(self, kind: str, now: list[bool], params: list[ParamHealth], streaks: dict[str, int],
+                     message: Callable[[str, int], str]) -> None:
+        """Count each parameter's run of logging steps in condition ``kind``; warn about those whose
+        run reached :data:`STALE_AFTER` (``message(first name, its run)``)."""
+        stale = []
+        for p, flag in zip(params, now):
+            streaks[p.name] = streaks.get(p.name, 0) + 1 if flag else 0
+            if streaks[p.name] >= STALE_AFTER:
+                stale.append(p.name)
+        if stale:
+            self._once(kind, stale, lambda name: message(name, streaks[name]))
+
+    def _once(self, kind: str, names: list[str], message: Callable[[str], str]) -> None:
+        """Warn ``message(name)`` for the first of ``names`` not yet told of ``kind``: one warning for
+        all those it is new for, naming up to five more of them."""
+        fresh = [n for n in names if (kind, n) not in self._told]
         if not fresh:
             return
         self._told.update((kind, n) for n in fresh)
-        more = fresh[1:] if fresh[0] in message else fresh
+        message, more = message(fresh[0]), fresh[1:]
         if more:
             shown = ", ".join(repr(n) for n in more[:5]) + (f" and {len(more) - 5} more" if len(more) > 5 else "")
             message += f" (the same for {len(more)} more parameter{'s' if len(more) > 1 else ''}: {shown})"
