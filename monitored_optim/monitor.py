@@ -761,11 +761,11 @@ def _health_records(entries: list[_Entry], hosted: list[tuple[dict[str, list[flo
                     table: stats.MomentTable) -> list[ParamHealth]:
     finite, zero_update = table.finite.tolist(), table.all_zero[:, 2].tolist()
     records = []
-    for e, (got, _), ok, still in zip(entries, hosted, finite, zero_update):
+    for e, (got, n), ok, still in zip(entries, hosted, finite, zero_update):
         has_grad = "grad" in got
         bad = tuple(label for label, fine, present in zip(("value", "grad", "update"), ok, (True, has_grad, True))
                     if present and not fine)
-        records.append(ParamHealth(e.name, has_grad, has_grad and still, bad))
+        records.append(ParamHealth(e.name, has_grad, has_grad and still and n > 0, bad))  # empty: nothing to change
     return records
 
 

@@ -169,3 +169,18 @@ def test_fp32_has_no_update_lost_tag():
     problem.loss(0).backward()
     opt.step()
     assert not any(tag.startswith("update_lost/") for tag in opt.monitor.latest)
+
+
+def test_an_empty_parameter_is_never_counted_as_unchanged(tmp_path):
+    """A 0-element parameter (a layer of width 0) has a grad of 0 elements and nothing to change:
+    it is neither counted in ``health/unchanged`` nor warned about."""
+    empty, w = torch.nn.Parameter(torch.zeros(0, 5)), torch.nn.Parameter(torch.ones(4, 4))
+    opt = Monitored(torch.optim.SGD)([("empty", empty), ("w", w)], lr=0.1,
+                                     monitor=MonitorConfig(backend="none", logdir=tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            empty.grad, w.grad = torch.zeros(0, 5), torch.ones(4, 4)
+            opt.step()
+    assert opt.monitor.latest["health/unchanged"] == 0
+    assert not [w for w in caught if "has not changed" in str(w.message)]
