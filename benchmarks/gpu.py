@@ -14,7 +14,6 @@ turns each synchronizing call into a warning, which is counted).
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 import warnings
@@ -149,7 +148,7 @@ def main() -> None:
             print(f"{m:<16} {statistics.median(times[m]) / plain:>18.3f} {launched - base[0]:>21} {syncs:>11}{note}")
         print(f"plain iteration {plain * 1e3:.1f} ms; parameters "
               f"{sum(p.numel() for p in runs['plain'][0].parameters()) / 1e6:.1f} M "
-              f"({math.fsum(1 for _ in runs['plain'][0].parameters()):.0f} tensors)")
+              f"({sum(1 for _ in runs['plain'][0].parameters())} tensors)")
 
 
 if __name__ == "__main__":

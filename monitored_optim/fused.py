@@ -8,7 +8,8 @@ centring, sums), so its cost follows the number of tensors. The fused path hands
   d = c·m / (sqrt(v) + eps·b)), inverts the rounding of the store,
   p_before = fl(fl(p_after - d) / s), u = p_after - p_before (``capture.stored_change``'s rule), or
   takes p_before from the snapshot of the snapshot rule (vectors, near-constant matrices);
-* reduces p_before, the grad and u to one-pass *shifted* sums accumulated in float64: with c the
+* reduces p_before (before the step, :func:`prior`), the grad and u to one-pass *shifted* sums
+  accumulated in float64: with c the
   tensor's first element, ``(c, Σ(x - c), sqrt(Σ(x - c)^2))``, from which
   ``stats.Batch`` takes mean = c + Σ(x - c)/n and m2 = Σ(x - c)^2 - (Σ(x - c))^2/n. Shifting by a
   value of the tensor keeps the spread of a LayerNorm weight near 1.0 with std 1e-4 (the
@@ -44,14 +45,15 @@ def enabled(mode: str, device: torch.device) -> bool:
     """Whether the fused path runs for parameters on ``device`` under ``MonitorConfig(compile=mode)``.
 
     ``auto`` fuses on CUDA only: there every small op of the eager capture is a kernel launch, while
-    on a CPU the first logging step's compile (about 7 s per distinct chunk, 27 s for a 75-tensor
-    model on 2 cores, 3 s from inductor's cache in a later process; README "Cost") is worth it
+    on a CPU the first logging step's compile (39 s for the benchmark's 75-tensor model on 2 cores
+    with an empty inductor cache, 3 s from the cache in a later process; README "Cost") is worth it
     only over thousands of logging steps."""
     return mode == "on" or (mode == "auto" and device.type == "cuda")
 
 
 SMALL = 1 << 12
-"""Elements up to which a parameter is captured *flat* (eager or compiled): copied whole into one flat
+"""Elements up to which a parameter is captured *flat* (eagerly, compiling or not: measured faster on a
+CPU, 0.16 against 0.6 ms for 49 vectors): copied whole into one flat
 buffer with the other small parameters of its chunk before the step (its exact snapshot), so that a
 chunk of thousands of biases and norm gains costs a few ops, not a few per tensor."""
 
@@ -78,14 +80,18 @@ def segment_rows(x: Tensor, lengths: Tensor) -> Tensor:
 
 
 def flat(before: Tensor, after: Tensor, grads: Tensor, lengths: Tensor) -> Tensor:
-    """Rows of p_before, grad and u = p_after - p_before of a flat chunk: each argument the chunk's
-    parameters laid end to end (``lengths`` apart, see :func:`segment_rows`).
+    """Rows of p_before, grad and u = p_after - p_before of a flat chunk.
+
+    Args:
+        before, after, grads: 1-D float32/float64 tensors of one length, the chunk's parameters
+            before the step, after it and their grads laid end to end (``lengths`` apart).
+        lengths: see :func:`segment_rows`.
 
     Returns:
-        Float64 tensor of shape ``(3, k, 3)``.
+        Float64 tensor of shape ``(3, k, 3)``; u is formed in float64 (exact also where it crosses 0).
     """
     return torch.stack([segment_rows(before, lengths), segment_rows(grads, lengths),
-                        segment_rows(after.double() - before.double(), lengths)])  # exact also across 0
+                        segment_rows(after.double() - before.double(), lengths)])
 
 
 def shifted_rows(xs: Sequence[Tensor]) -> Tensor:
@@ -118,7 +124,7 @@ def prior(xs: list[Tensor]) -> Tensor:
 
 def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factors: Tensor, s: Tensor | None,
              extremes: Tensor, after: list[Tensor], grads: list[Tensor]) -> Tensor:
-    """Rows of p_before, grad and u of parameters whose update is rebuilt from state.
+    """Rows of the grad and u of parameters whose update is rebuilt from state.
 
     Args:
         rebuild: a view's fused form: ``rebuild(*args)`` gives one tensor r per parameter with
@@ -138,6 +144,11 @@ def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factor
         b = b if s is None else b / s.to(p.dtype)
         b = torch.where(lo == hi, lo.to(p.dtype), b)  # a constant is recovered exactly
         changes.append(p - b)  # exact (Sterbenz)
+    return grad_and_change_rows(grads, changes)
+
+
+def grad_and_change_rows(grads: list[Tensor], changes: list[Tensor]) -> Tensor:
+    """:func:`shifted_rows` of k grads and of k stored changes u, float64 of shape ``(2, k, 3)``."""
     return torch.stack([shifted_rows(grads), shifted_rows(changes)])
 
 

@@ -298,18 +298,20 @@ class Monitor:
                 grad_scale: Tensor | None, split: bool = True, fuse: bool = False) -> list[_Entry]:
         """An entry per part of each monitored parameter, with its snapshot, and the sums of p_before
         and the grad in ``batch`` (``split``: large parameters may be cut into parts; ``fuse``: the
-        fused capture may take whole parameters, whose sums it takes after the step)."""
+        fused capture may take whole parameters: their p_before is copied, flat or not, or reduced
+        here with its bounds, and their grads are reduced after the step)."""
         entries, copies, small = [], [], []
         storages = capture.storages(p for group in optimizer.param_groups for p in group["params"])
         cut = split and elementwise(self.view)
         chosen = [(group, n, p) for group, names in zip(optimizer.param_groups, _names(optimizer, self._model_names))
                   for n, p in zip(names, group["params"]) if self.settings.select(n, p)]
         self._budget = capture.budget(sum(_nbytes(p) for _, _, p in chosen))
+        ways = {id(g): self._fusion(g) for g in optimizer.param_groups} if fuse else {}
         for group, name, p in chosen:
             if not (p.is_floating_point() or p.is_complex()):
                 continue  # integer tensors (frozen quantized weights) are never stepped
             reason = capture.snapshot_reason(p, capture.aliased(p, storages), name in self._risky)
-            kind = self._fusable(group, p, reason) if fuse else None
+            kind = self._fusable(ways[id(group)], p, reason) if fuse else None
             if kind is not None:  # whole, its sums taken after the step
                 part = capture.Part(p, optimizer.state.get(p, {}), p)
                 if kind == "rebuilt":
@@ -341,32 +343,35 @@ class Monitor:
         _record(batch, eager, "p", [e.p for e in eager], self._centring(eager, "p"))
         if self.settings.figures & {"grad_to_data", "norms", "health"}:
             _record_grads(batch, eager, grad_scale, self._centring(eager, "grad"))
-        for e in entries:
-            if e.fused:
-                e.slots["grad"] = batch.slot()
         return entries
 
-    def _fusable(self, group: dict[str, Any], p: Tensor, reason: str | None) -> str | None:
-        """How the fused capture takes ``p`` on this logging step, if it does: a non-empty dense
-        float32/float64 parameter with a grad of its dtype that the step leaves as it is, either
-        ``"flat"`` (at most :data:`~monitored_optim.fused.SMALL` elements, compiled or not), or, where
-        compiling is enabled for its device, ``"copy"`` (the snapshot rule's) or ``"rebuilt"`` (a view
-        with a fused form, ``updates``' ``fused``)."""
+    def _fusion(self, group: dict[str, Any]) -> str | None:
+        """What the fused capture may do for ``group`` on this logging step: None (nothing: an
+        optimizer of unknown code, or a step that rewrites ``p.grad``, whose sums must then be taken
+        before it), ``"copy"`` (flat small parameters, and snapshots where compiling is enabled) or
+        ``"rebuild"`` (also the view's fused form, ``updates``' ``fused``)."""
+        if self.view is CLONE or not getattr(self.view, "keeps_grad", lambda g: True)(group):
+            return None
+        fusable = getattr(self.view, "fusable", None)
+        return "rebuild" if fusable is not None and fusable(group) else "copy"
+
+    def _fusable(self, way: str | None, p: Tensor, reason: str | None) -> str | None:
+        """How the fused capture takes ``p`` under its group's :meth:`_fusion` ``way``, if it does: a
+        non-empty dense float32/float64 parameter with a grad of its dtype, either ``"flat"`` (at most
+        :data:`~monitored_optim.fused.SMALL` elements, compiled or not), or, where compiling is enabled
+        for its device, ``"copy"`` (the snapshot rule's) or ``"rebuilt"`` (the view's fused form)."""
         grad = p.grad
-        if self.view is CLONE:
-            return None  # an optimizer of unknown code may rewrite or drop p.grad in its step
-        if not (p.dtype in (torch.float32, torch.float64) and type(p) in (Tensor, torch.nn.Parameter)
-                and p.layout == torch.strided and p.numel() > 0 and grad is not None and grad.layout == torch.strided
-                and grad.dtype == p.dtype and getattr(self.view, "keeps_grad", lambda g: True)(group)):
-            return None  # (a step that rewrites p.grad needs the grad's sums taken before it)
+        if way is None or not (p.dtype in (torch.float32, torch.float64) and type(p) in (Tensor, torch.nn.Parameter)
+                               and p.layout == torch.strided and p.numel() > 0 and grad is not None
+                               and grad.layout == torch.strided and grad.dtype == p.dtype):
+            return None
         if p.numel() <= fused.SMALL:
             return "flat"
         if not fused.enabled(self.settings.compile, p.device):
             return None
         if reason is not None:
             return "copy"
-        fusable = getattr(self.view, "fusable", None)
-        return "rebuilt" if fusable is not None and fusable(group) else None
+        return "rebuilt" if way == "rebuild" else None
 
     def _flatten(self, small: list[_Entry]) -> None:
         """Cut the flat entries into chunks of one param group, device and dtype of at most
@@ -490,9 +495,11 @@ class Monitor:
         return figures
 
     def _fuse(self, entries: list[_Entry], state: dict[Tensor, dict[str, Any]], batch: stats.Batch) -> None:
-        """The rows of p_before, grad and u of every fused entry into ``batch``: one call of the fused
-        capture per chunk of up to :data:`~monitored_optim.fused.CHUNK` parameters of one param group,
-        device, dtype, rank and kind (snapshotted or rebuilt), so that identical blocks share a graph."""
+        """The rows of every fused entry into ``batch``: p_before, grad and u of each flat chunk
+        (:func:`~monitored_optim.fused.flat`) and of snapshotted parameters, the grad and u of rebuilt
+        ones (their p_before's rows came before the step, :func:`~monitored_optim.fused.prior`); one
+        call per chunk of up to :data:`~monitored_optim.fused.CHUNK` parameters of one param group,
+        device, dtype, rank and kind, so that identical blocks share a graph."""
         chunks: dict[int, list[_Entry]] = {}
         for e in entries:
             if e.flat is not None:
@@ -531,15 +538,15 @@ class Monitor:
     def _rebuilt_rows(self, group: dict[str, Any], after: list[Tensor], states: list[dict[str, Any]],
                       grads: list[Tensor], extremes: list[Tensor]) -> Tensor:
         """:func:`~monitored_optim.fused.inverted` of a chunk through the view's fused form, or, where
-        it has none for these states, the view's eager rebuild and inversion with p_before = p_after - u."""
+        it has none for these states, the same rows from the view's eager rebuild and inversion."""
         form = self.view.fused(group, after, states)  # type: ignore[attr-defined]
         if form is not None:
             return self._fuser(fused.inverted, *form, torch.stack(extremes), after, grads, device=after[0].device)
-        before = []
+        changes = []
         for p, result, bound in zip(after, rebuild(self.view, group, after, states, [None] * len(after)), extremes):
             u = capture.stored_change(p, result, None, bound.to(p.dtype))[0]
-            before.append(p.detach() if u is None else p.detach() - u)
-        return fused.snapshotted(before, after, grads)[1:]  # p_before's sums came from fused.prior
+            changes.append(torch.zeros_like(p) if u is None else u)
+        return fused.grad_and_change_rows(grads, changes)
 
     def _measure_updates(self, chunk: list[_Entry], states: list[dict[str, Any]], batch: stats.Batch) -> None:
         """The stored change of each part of one chunk (one param group, one device): rebuilt by the

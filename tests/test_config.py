@@ -27,6 +27,7 @@ def build(**config):
     ("MONITORED_OPTIM_EVERY", "ten", "integer >= 1"),
     ("MONITORED_OPTIM_EVERY", "2.5", "integer >= 1"),
     ("MONITORED_OPTIM_COUNT", "steps", "updates, calls"),
+    ("MONITORED_OPTIM_COMPILE", "maybe", "auto or one of 1, true, yes, on, 0, false, no, off"),
 ])
 def test_bad_environment_raises_at_construction(monkeypatch, var, value, allowed):
     monkeypatch.setenv(var, value)
@@ -50,6 +51,8 @@ def test_bad_environment_raises_at_construction(monkeypatch, var, value, allowed
     ("prefix", 7, "letters, digits"),
     ("count", "steps", "updates, calls"),
     ("count", 1, "updates, calls"),
+    ("compile", "yes", "True, False or 'auto'"),
+    ("compile", 1, "True, False or 'auto'"),
 ])
 def test_bad_explicit_config_raises(field, value, allowed):
     with pytest.raises(ValueError) as err:
@@ -94,3 +97,17 @@ def test_none_backend_alone_and_not_in_a_list():
     assert resolve(MonitorConfig(backend="none")).backends == ()
     with pytest.raises(ValueError, match="combines 'none' with other backends"):
         resolve(MonitorConfig(backend="none,jsonl"))
+
+
+@pytest.mark.parametrize("source,value,want", [
+    ("env", "1", "on"), ("env", "off", "off"), ("env", " AUTO ", "auto"), ("env", "", "auto"),
+    ("field", True, "on"), ("field", False, "off"), ("field", "auto", "auto"), ("field", None, "auto"),
+])
+def test_compile_switch_reads_flags_and_auto(source, value, want, monkeypatch):
+    """``MonitorConfig(compile=...)`` takes True, False or "auto"; the variable also takes the flag words."""
+    if source == "env":
+        monkeypatch.setenv("MONITORED_OPTIM_COMPILE", value)
+        assert resolve(None).compile == want
+    else:
+        monkeypatch.setenv("MONITORED_OPTIM_COMPILE", "1")  # an explicit field wins over it
+        assert resolve(MonitorConfig(compile=value)).compile == (want if value is not None else "on")

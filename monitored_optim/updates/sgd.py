@@ -81,17 +81,12 @@ class SgdView:
         :meth:`fusable` or a buffer is missing."""
         if not self.fusable(group):
             return None
-        lr, k = group["lr"], len(params)
-        if group["momentum"] == 0:
-            if any(p.grad is None or p.grad.is_sparse for p in params):
-                return None
-            factor = lr if group["maximize"] else -lr
-            return buffers, ([p.grad for p in params],), torch.full((k,), factor, dtype=torch.float64,
-                                                                   device=params[0].device), None
-        bufs = [st.get("momentum_buffer") for st in states]
-        if any(b is None or b.dtype != p.dtype for b, p in zip(bufs, params)):
+        plain = group["momentum"] == 0
+        bufs = [p.grad if plain else st.get("momentum_buffer") for p, st in zip(params, states)]
+        if any(b is None or b.is_sparse or b.dtype != p.dtype for b, p in zip(bufs, params)):
             return None
-        return buffers, (bufs,), torch.full((k,), -lr, dtype=torch.float64, device=params[0].device), None
+        factor = group["lr"] if plain and group["maximize"] else -group["lr"]
+        return buffers, (bufs,), torch.full((len(params),), factor, dtype=torch.float64, device=params[0].device), None
 
 
 def buffers(xs: list[Tensor]) -> list[Tensor]:
