@@ -27,7 +27,9 @@ Source of the rounding facts: IEEE 754 round-to-nearest; ``shared/reference/upda
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -302,6 +304,7 @@ def verify_miss(u: Tensor, truth: Tensor, meant: Tensor | None, p: Tensor) -> Te
     return torch.stack([torch.linalg.vector_norm(err), torch.linalg.vector_norm(truth)]).double()
 
 
+@functools.lru_cache(maxsize=None)
 def eps(dtype: torch.dtype) -> float:
     """Machine epsilon of a floating or complex dtype (of its real part)."""
     return torch.finfo(dtype.to_real() if dtype.is_complex else dtype).eps
@@ -316,16 +319,9 @@ def storage_key(p: Tensor) -> int | None:
     return None if p.is_sparse or p.device.type == "meta" else p.untyped_storage().data_ptr()
 
 
-def storages(params: Iterator[Tensor]) -> dict[int, int]:
-    """How many of ``params`` use each storage, by :func:`storage_key`."""
-    count: dict[int, int] = {}
-    for key in map(storage_key, params):
-        if key is not None:
-            count[key] = count.get(key, 0) + 1
-    return count
-
-
-def aliased(p: Tensor, counts: dict[int, int]) -> bool:
-    """Whether another of the parameters counted in ``counts`` (:func:`storages`) shares ``p``'s storage."""
-    key = storage_key(p)
-    return key is not None and counts.get(key, 0) > 1
+def shared(params: Iterable[Tensor]) -> set[int]:
+    """The ids of those of ``params`` whose storage (:func:`storage_key`) is used more than once among
+    them (a tensor listed twice, views of one buffer): the optimizer's updates land in the same memory."""
+    keys = [(id(p), storage_key(p)) for p in params]
+    count = Counter(key for _, key in keys if key is not None)
+    return {i for i, key in keys if key is not None and count[key] > 1}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import fnmatch
+import functools
 import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +49,7 @@ _FAMILY_OF = {"update_norm": "norms", "grad_norm": "norms", "param_norm": "norms
               "update_stable_rank": "spectral"}
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def family(tag: str) -> str:
     """The figure family of a tag without prefix (``update_norm/fc1.weight`` -> ``norms``)."""
     head = tag.split("/", 1)[0]

@@ -49,21 +49,28 @@ def summarize(figures: dict[str, float], prefix: str = "") -> dict[str, float]:
     Returns:
         A new dict: the summaries of the module docstring, and every other figure unchanged.
     """
+    kept, groups = _plan(tuple(figures), prefix)
+    out = {tag: figures[tag] for tag in kept}
+    for base, indices, tags in groups:
+        values = [figures[tag] for tag in tags]
+        low, high = min(zip(values, indices)), max(zip(values, indices))
+        out.update({f"{base}/min": low[0], f"{base}/median": statistics.median(values),
+                    f"{base}/max": high[0], f"{base}/argmin": float(low[1]), f"{base}/argmax": float(high[1])})
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _plan(tags: tuple[str, ...], prefix: str) -> tuple[list[str], list[tuple[str, list[int], list[str]]]]:
+    """The tags :func:`summarize` passes on as they are, and its groups of two or more: ``(base tag,
+    layer indices, member tags)``; cached, since a run logs the same tags at every logging step."""
     groups: dict[tuple[str, str], list[tuple[int, str]]] = {}
-    for tag in figures:
+    for tag in tags:
         family, _, name = tag[len(prefix):].partition("/")
         if family in PER_PARAMETER and tag.startswith(prefix):
             key = depth_key(name)
             if key is not None:
                 groups.setdefault((family, key[0]), []).append((key[1], tag))
     grouped = {tag for members in groups.values() if len(members) > 1 for _, tag in members}
-    out = {tag: value for tag, value in figures.items() if tag not in grouped}
-    for (family, key), members in groups.items():
-        if len(members) < 2:
-            continue
-        values = [(figures[tag], index) for index, tag in members]
-        low, high = min(values), max(values)
-        base = f"{prefix}{family}/{key}"
-        out.update({f"{base}/min": low[0], f"{base}/median": statistics.median(v for v, _ in values),
-                    f"{base}/max": high[0], f"{base}/argmin": float(low[1]), f"{base}/argmax": float(high[1])})
-    return out
+    return ([tag for tag in tags if tag not in grouped],
+            [(f"{prefix}{family}/{key}", [i for i, _ in members], [tag for _, tag in members])
+             for (family, key), members in groups.items() if len(members) > 1])

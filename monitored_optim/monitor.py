@@ -144,7 +144,7 @@ class Monitor:
         self._model_names: dict[int, str] = {}
         self._warned_unnamed = False
         self._verify_told: set[str] = set()
-        self._centre: dict[tuple[str, str], bool] = {}
+        self._centre: dict[str, tuple[bool, bool, bool]] = {}  # name -> per kind of _KINDS
         self._risky: set[str] = set()
         self._budget = capture.PART_ELEMENTS * 4
         self._fuser = fused.Fuser(self.settings.compile)
@@ -301,7 +301,7 @@ class Monitor:
         fused capture may take whole parameters: their p_before is copied, flat or not, or reduced
         here with its bounds, and their grads are reduced after the step)."""
         entries, copies, small = [], [], []
-        storages = capture.storages(p for group in optimizer.param_groups for p in group["params"])
+        shared = capture.shared(p for group in optimizer.param_groups for p in group["params"])
         cut = split and elementwise(self.view)
         chosen = [(group, n, p) for group, names in zip(optimizer.param_groups, _names(optimizer, self._model_names))
                   for n, p in zip(names, group["params"]) if self.settings.select(n, p)]
@@ -310,7 +310,7 @@ class Monitor:
         for group, name, p in chosen:
             if not (p.is_floating_point() or p.is_complex()):
                 continue  # integer tensors (frozen quantized weights) are never stepped
-            reason = capture.snapshot_reason(p, capture.aliased(p, storages), name in self._risky)
+            reason = capture.snapshot_reason(p, id(p) in shared, name in self._risky)
             kind = self._fusable(ways[id(group)], p, reason) if fuse else None
             if kind is not None:  # whole, its sums taken after the step
                 part = capture.Part(p, optimizer.state.get(p, {}), p)
@@ -328,7 +328,7 @@ class Monitor:
                 entries.append(e)
         for e in entries:
             if e.lead is None:
-                e.slots.update({kind: batch.slot() for kind in _KINDS})
+                e.slots = dict(zip(_KINDS, batch.slots(len(_KINDS))))
         self._flatten(small)
         for chunk in _device_chunks(copies):  # the snapshot rule's copies of fused entries
             for e, before in zip(chunk, self._fuser(fused.copied, [e.p for e in chunk], device=chunk[0].p.device)):
@@ -416,7 +416,8 @@ class Monitor:
 
     def _centring(self, entries: list[_Entry], kind: str) -> list[bool]:
         """Per entry, whether its ``kind`` moments need the centred pass (unknown ones do)."""
-        return [self._centre.get((e.name, kind), True) for e in entries]
+        k = _KINDS.index(kind)
+        return [self._centre.get(e.name, _CENTRED)[k] for e in entries]
 
     @torch.no_grad()
     def _figures(self, optimizer: torch.optim.Optimizer, entries: list[_Entry], batch: stats.Batch,
@@ -460,13 +461,14 @@ class Monitor:
                                  [e.part.whole.shape for e in entries], figures)
             for fam in self._families:
                 figures.update(fam.figures(step))
-        figures = {tag: value for tag, value in figures.items() if family(tag) in self.settings.figures}
-        if errors:
+        chosen = self.settings.figures
+        figures = {tag: value for tag, value in figures.items() if family(tag) in chosen and math.isfinite(value)}
+        if errors and math.isfinite(max(errors)):
             figures["verify/max_rel_error"] = max(errors)
         for model in (ref() for ref in self._watched):
             if model is not None:
                 self.health.check_watched(model, optimizer)
-        return {tag: value for tag, value in figures.items() if math.isfinite(value)}
+        return figures
 
     def _parameter_figures(self, entries: list[_Entry], hosted: list[tuple[dict[str, list[float]], float]],
                            table: stats.MomentTable, norm: Tensor) -> dict[str, float]:
@@ -480,19 +482,19 @@ class Monitor:
         std = table.std
         risky = capture.rounding_risk(eps, table.sq_norm[:, 0] / table.n[:, 0].clamp(min=1),
                                       std[:, 0], std[:, 2]).tolist()
-        figures: dict[str, float] = {}
-        for e, (got, n), values, flags, risk in zip(entries, hosted, columns, centre, risky):
-            tags = _tags(e.name)
-            figures.update(zip(tags[:3], values[:3]))
-            if "grad" in got:
-                figures.update(zip(tags[3:], values[3:]))
+        tags: list[str] = []
+        values: list[float] = []
+        for e, (got, n), row, flags, risk in zip(entries, hosted, columns, centre, risky):
+            named, grad = _tags(e.name), "grad" in got
+            tags += named if grad else named[:3]
+            values += row if grad else row[:3]
             if "lost" in got and n > 0:
-                figures[f"update_lost/{e.name}"] = got["lost"][0] / n
+                tags.append(f"update_lost/{e.name}")
+                values.append(got["lost"][0] / n)
             if n:
-                self._centre.update(((e.name, kind), flag) for kind, flag in zip(_KINDS, flags)
-                                    if kind != "grad" or "grad" in got)
+                self._centre[e.name] = (flags[0], flags[1] if grad else self._centre.get(e.name, _CENTRED)[1], flags[2])
                 (self._risky.add if risk and "u" in got else self._risky.discard)(e.name)
-        return figures
+        return dict(zip(tags, values))
 
     def _fuse(self, entries: list[_Entry], state: dict[Tensor, dict[str, Any]], batch: stats.Batch) -> None:
         """The rows of every fused entry into ``batch``: p_before, grad and u of each flat chunk
@@ -564,13 +566,13 @@ class Monitor:
                 for span, piece in result.slices():
                     u = self._stored(e, piece, span)
                     if u is not None:
-                        _record(batch, [e], "u", [u], [self._centre.get((e.name, "u"), True)], scratch=True)
+                        _record(batch, [e], "u", [u], self._centring([e], "u"), scratch=True)
             else:
                 u = self._stored(e, result, state=states[i])
                 if u is not None:
                     jobs.append((e, u))
             e.clone = None
-        centre = [self._centre.get((e.name, "u"), True) for e, _ in jobs]
+        centre = self._centring([e for e, _ in jobs], "u")
         _record(batch, [e for e, _ in jobs], "u", [u for _, u in jobs], centre, scratch=True)
 
     def _stored(self, e: _Entry, result: Any, span: slice | None = None,
@@ -743,6 +745,9 @@ def _verify_error(e: _Entry, miss: float, truth: float, told: set[str]) -> float
 
 _KINDS = ("p", "grad", "u")
 """The moments of each entry, in the columns of its :class:`~monitored_optim.stats.MomentTable`."""
+
+_CENTRED = (True, True, True)
+"""Per kind of :data:`_KINDS`, whether a parameter not measured before takes the centred pass."""
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -251,6 +251,11 @@ class Batch:
         self._slots += 1
         return self._slots - 1
 
+    def slots(self, k: int) -> range:
+        """``k`` new consecutive slots, as :meth:`slot`."""
+        self._slots += k
+        return range(self._slots - k, self._slots)
+
     def _rows(self) -> dict[tuple[torch.device, int], tuple[Tensor, list[int]]]:
         """Per store (device, width): ``(mean, m2)`` of every tensor added there, shape ``(R, 2)``
         float64, and the indices of those tensors (in :meth:`add` order)."""

@@ -175,6 +175,17 @@ def test_describe_says_how_each_parameter_is_captured():
     assert "clone (no state-aware view" in lbfgs.monitor.describe()
 
 
+def _table_of(names, figures):
+    """A moment table whose grad norms and update-to-data ratios are ``figures``' (two elements per
+    parameter, p's std 1; a missing grad norm a zero one)."""
+    from monitored_optim.stats import MomentTable
+
+    m2 = torch.tensor([[1.0, figures.get(f"grad_norm/{name}", 0.0) ** 2, 10 ** (2 * figures[f"update_to_data/{name}"])]
+                       for name in names], dtype=torch.float64)
+    n = torch.full((len(names), 1), 2.0, dtype=torch.float64)
+    return MomentTable(n, torch.zeros_like(m2), m2, torch.zeros_like(m2, dtype=torch.bool))
+
+
 def test_spike_counts_equal_hampels_identifier_computed_here():
     """The vectorized spikes family against the rule written out with ``statistics.median`` per
     series, over 60 logging steps of 30 parameters with injected spikes, missing values and zero
@@ -222,7 +233,7 @@ def test_spike_counts_equal_hampels_identifier_computed_here():
             want += hit
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # its one warning is tested above
-            got = family.figures(SimpleNamespace(step=step, names=names, figures=figures))
+            got = family.figures(SimpleNamespace(step=step, names=names, table=_table_of(names, figures)))
         assert got["health/spikes"] == want, (step, got, want)
         total += want
     assert total > 30, total  # the bound was crossed often enough to tell rules apart

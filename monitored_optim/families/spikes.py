@@ -51,8 +51,7 @@ class Spikes(Family):
         names = list(step.names)
         self._grow(names)
         rows = torch.tensor([self._row[name] for name in names], dtype=torch.long)
-        x = torch.tensor([[_value(kind, step.figures.get(f"{kind}/{name}")) for kind in FIGURES] for name in names],
-                         dtype=torch.float64).reshape(len(names), len(FIGURES))
+        x = _values(step.table)
         past, count = self._history[rows], self._count[rows]
         median = _median(past, count)
         mad = _median((past - median.unsqueeze(-1)).abs(), count)
@@ -83,11 +82,13 @@ class Spikes(Family):
         self._count = torch.cat([self._count, torch.zeros((len(new), len(FIGURES)), dtype=torch.long)])
 
 
-def _value(kind: str, value: float | None) -> float:
-    """A figure on the scale spikes are judged on (log10 of a grad norm), NaN where there is none."""
-    if value is None or (kind == "grad_norm" and value <= 0):
-        return math.nan
-    return math.log10(value) if kind == "grad_norm" else value
+def _values(table: Any) -> Tensor:
+    """Per parameter, the figures spikes are judged on, float64 of shape ``(N, len(FIGURES))``: log10
+    of the grad norm and the update-to-data ratio, NaN where there is none (no grad, a zero norm, an
+    undefined ratio), from the step's :class:`~monitored_optim.stats.MomentTable`."""
+    grad_norm = table.norm[:, 1]
+    log_norm = torch.where(grad_norm > 0, grad_norm.log10(), math.nan)
+    return torch.stack([log_norm, table.log10_ratio(2, 0)], 1)
 
 
 def _median(values: Tensor, count: Tensor) -> Tensor:
