@@ -123,7 +123,7 @@ def near_constant(params: list[Tensor]) -> list[bool]:
     return out
 
 
-@dataclass
+@dataclass(slots=True)
 class Part:
     """One slice ``span`` of the parameter ``whole``, as a view to hand to an update view: ``p`` (a
     detached view whose ``.grad`` is the matching slice of the grad) and ``state`` (each tensor

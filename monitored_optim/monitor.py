@@ -55,7 +55,7 @@ def _gc_paused(fn: Callable[..., Any]) -> Callable[..., Any]:
     return paused
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     """One monitored parameter (or one part of a large one, ``lead`` then being the parameter's
     first part, which holds the slots and pieces) on a logging step.
@@ -437,10 +437,7 @@ class Monitor:
         self._describe(entries)
         if sharding is None:  # one host copy per device of the moments and every other piece
             pairs, extra = rows.host([piece for e in entries for piece in e.pieces.values()])
-            values = iter(extra)
-            hosted = [({**{key: next(values) for key in e.pieces},
-                        **{kind: pairs[slot] for kind, slot in e.slots.items() if pairs[slot] is not None}},
-                       stats.count(e.part.whole)) for e in entries]
+            hosted = _hosted(entries, pairs, extra)
         else:  # whole-parameter values and counts: one all_reduce, one host copy
             for e in entries:
                 e.pieces.update({kind: rows[slot] for kind, slot in e.slots.items() if rows[slot] is not None})
@@ -757,14 +754,29 @@ def _tags(name: str) -> tuple[str, ...]:
             f"grad_norm/{name}", f"grad_to_data/{name}")
 
 
+def _hosted(entries: list[_Entry], pairs: list[list[float] | None], values: list[list[float]]
+            ) -> list[tuple[dict[str, list[float]], float]]:
+    """Per entry ``(got, n)`` from :meth:`~monitored_optim.stats.Moments.host`'s ``(pairs, values)``
+    (``values`` in the order of the entries' pieces): ``got`` maps each kind with rows and each piece
+    to its host values, ``n`` is the parameter's element count."""
+    values = iter(values)
+    out = []
+    for e in entries:
+        got = {kind: pairs[slot] for kind, slot in e.slots.items() if pairs[slot] is not None}
+        for key in e.pieces:
+            got[key] = next(values)
+        out.append((got, stats.count(e.part.whole)))
+    return out
+
+
 def _moment_table(entries: list[_Entry], hosted: list[tuple[dict[str, list[float]], float]]) -> stats.MomentTable:
     """The host values of a logging step as one table; a missing grad or update counts as zeros
     (no update: the parameter did not move)."""
     zero = (0.0, 0.0)
-    rows = [[got.get(kind, zero) for kind in _KINDS] for got, _ in hosted]
-    pairs = torch.tensor(rows, dtype=torch.float64).reshape(len(hosted), len(_KINDS), 2)
+    flat = [x for got, _ in hosted for kind in _KINDS for x in got.get(kind, zero)]  # flat lists convert fast
+    pairs = torch.tensor(flat, dtype=torch.float64).reshape(len(hosted), len(_KINDS), 2)
     n = torch.tensor([float(n) for _, n in hosted], dtype=torch.float64).reshape(-1, 1)
-    uncentred = torch.tensor([[not e.centred.get(kind, True) for kind in _KINDS] for e in entries],
+    uncentred = torch.tensor([not e.centred.get(kind, True) for e in entries for kind in _KINDS],
                              dtype=torch.bool).reshape(len(entries), len(_KINDS))
     return stats.MomentTable(n, pairs[..., 0], pairs[..., 1], uncentred)
 

@@ -204,26 +204,25 @@ class Batch:
         slot of one part keeps its row exactly).
         """
         per_device: dict[torch.device, list[tuple[Tensor, list[int]]]] = {}
-        for key, (rows, idx) in self._rows().items():
+        counts = torch.tensor(self._counts, dtype=torch.float64)
+        for key, (rows, idx) in self._rows(counts).items():
             per_device.setdefault(key[0], []).append((rows, idx))
         tables: dict[torch.device, Tensor] = {}
         where: list[tuple[torch.device, int] | None] = [None] * self._slots
+        owners = torch.tensor(self._owner)
         for device, chunks in per_device.items():
             rows = torch.cat([r for r, _ in chunks])
-            idx = [i for _, ids in chunks for i in ids]
-            local: dict[int, int] = {}
-            for i in idx:
-                local.setdefault(self._owner[i], len(local))
-            owner = torch.tensor([local[self._owner[i]] for i in idx], device=device)
-            n = torch.tensor([float(self._counts[i]) for i in idx], dtype=torch.float64, device=device)
-            zeros = rows.new_zeros(len(local))
+            idx = torch.tensor([i for _, ids in chunks for i in ids])
+            slots, owner = torch.unique(owners[idx], return_inverse=True)
+            owner, n = owner.to(device), counts[idx].to(device)
+            zeros = rows.new_zeros(len(slots))
             parts = zeros.index_add(0, owner, torch.ones_like(n))
             total = zeros.index_add(0, owner, n).clamp(min=1)
             mean = torch.where(parts == 1, zeros.index_add(0, owner, rows[:, 0]),
                                zeros.index_add(0, owner, n * rows[:, 0]) / total)
             m2 = zeros.index_add(0, owner, rows[:, 1] + n * (rows[:, 0] - mean[owner]).square())
             tables[device] = torch.stack([mean, m2], 1)
-            for slot, j in local.items():
+            for j, slot in enumerate(slots.tolist()):
                 where[slot] = (device, j)
         return Moments(tables, where)
 
@@ -256,14 +255,15 @@ class Batch:
         self._slots += k
         return range(self._slots - k, self._slots)
 
-    def _rows(self) -> dict[tuple[torch.device, int], tuple[Tensor, list[int]]]:
+    def _rows(self, counts: Tensor) -> dict[tuple[torch.device, int], tuple[Tensor, list[int]]]:
         """Per store (device, width): ``(mean, m2)`` of every tensor added there, shape ``(R, 2)``
-        float64, and the indices of those tensors (in :meth:`add` order)."""
+        float64, and the indices of those tensors (in :meth:`add` order); ``counts``: the element
+        count of every tensor added, float64 on the host."""
         out = {}
         for (device, width), parts in self._parts.items():
             slots = [s for part, _ in parts for s in part]
             table = self._store[(device, width)][:self._used[(device, width)]]
-            n = torch.tensor([max(self._counts[s], 1) for s in slots], dtype=torch.float64).to(device)
+            n = counts[slots].clamp(min=1).to(device)
             shift, total, norm = table.unbind(1) if width == 3 else (torch.zeros_like(n), *table.unbind(1))
             rows = torch.stack([shift + total / n, norm * norm - total * total / n], 1)
             if any(f is not None for _, f in parts):

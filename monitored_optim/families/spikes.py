@@ -9,7 +9,7 @@ behind it and
 
 (1.4826 · MAD estimates a standard deviation for normal data; FLOOR, a factor of 10, keeps a
 parameter whose figure barely moves, or falls steadily early in training, from spiking on noise). A spiking value does not enter
-the baseline. Computed from the figures already on the host: no device work, no sync.
+the baseline. Computed from the step's moment table, already on the host: no device work, no sync.
 Source: Hampel's identifier (Hampel 1974; Pearson 2002, "Outliers in process modeling and
 identification").
 """
