@@ -9,8 +9,7 @@ thousand layers stop changing at once gets one warning, not a thousand).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -24,8 +23,7 @@ Three logging steps tell a frozen-by-mistake or lost-to-rounding parameter from 
 happened to leave it alone (Rprop's suppressed steps, a zero gradient row)."""
 
 
-@dataclass(frozen=True)
-class ParamHealth:
+class ParamHealth(NamedTuple):
     """What one logging step saw of one parameter.
 
     Attributes:
@@ -108,9 +106,12 @@ class Health:
         run reached :data:`STALE_AFTER` (``message(first name, its run)``)."""
         stale = []
         for p, flag in zip(params, now):
-            streaks[p.name] = streaks.get(p.name, 0) + 1 if flag else 0
-            if streaks[p.name] >= STALE_AFTER:
-                stale.append(p.name)
+            if flag:
+                run = streaks[p.name] = streaks.get(p.name, 0) + 1
+                if run >= STALE_AFTER:
+                    stale.append(p.name)
+            elif p.name in streaks:  # a run ends (a name not held has none)
+                del streaks[p.name]
         if stale:
             self._once(kind, stale, lambda name: message(name, streaks[name]))
 

@@ -380,18 +380,16 @@ class Monitor:
         for e in small:
             kinds.setdefault((id(e.group), e.p.device, e.p.dtype), []).append(e)
         for members in kinds.values():
-            chunk: list[_Entry] = []
-            size = 0
-            for e in [*members, None]:
-                if chunk and (e is None or size + e.p.numel() > fused.FLAT):
-                    sizes = torch.tensor([x.p.numel() for x in chunk], device=chunk[0].p.device)
-                    group = _Flat(sizes, _flat_copy([x.p for x in chunk]))
+            sizes = [e.p.numel() for e in members]
+            start, size = 0, 0
+            for i, n in enumerate([*sizes, fused.FLAT + 1]):  # a last one that never fits closes the chunk
+                if i > start and size + n > fused.FLAT:
+                    chunk = members[start:i]
+                    group = _Flat(torch.tensor(sizes[start:i], device=chunk[0].p.device), _flat_copy([x.p for x in chunk]))
                     for x in chunk:
                         x.flat = group
-                    chunk, size = [], 0
-                if e is not None:
-                    chunk.append(e)
-                    size += e.p.numel()
+                    start, size = i, 0
+                size += n
 
     def _entry(self, name: str, group: dict[str, Any], part: capture.Part, reason: str | None,
                lead: _Entry | None, fuse: bool = False) -> _Entry:
