@@ -164,11 +164,11 @@ def _warm(name: str) -> None:
     and what differs is what scales with the model."""
     from monitored_optim import Monitored, MonitorConfig
 
-    layer = torch.nn.Linear(64, 64)
+    layer = torch.nn.Linear(256, 512)  # a weight above fused.SMALL, cut in two parts: the per-part path's kernels run too
     cls, kwargs = OPTIMIZERS[name]
     opt = Monitored(cls)(layer.named_parameters(), **kwargs, monitor=MonitorConfig(backend="none"))
     for _ in range(2):
-        layer(torch.randn(4, 64)).sum().backward()
+        layer(torch.randn(4, 256)).sum().backward()
         opt.step()
     opt.monitor.close()
 

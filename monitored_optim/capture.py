@@ -212,12 +212,70 @@ def widened(p: Tensor, state: dict[str, Any]) -> tuple[Tensor, dict[str, Any]]:
     return wide, {k: (v.float() if isinstance(v, Tensor) and v.dtype in LOW_PRECISION else v) for k, v in state.items()}
 
 
-def stores(intended: Tensor | Scaled | Stores) -> tuple[list[Tensor], float | Tensor]:
+class Workspace:
+    """The buffers of a logging step's part-sized temporaries, reused from part to part.
+
+    A temporary of about 1 MiB that is freed and asked for again between small allocations that
+    outlive it (each part's views, its rows of sums) is served by glibc from its heap once the
+    first one freed has raised the dynamic mmap threshold, and the small allocations split its
+    hole, so that the next temporary does not fit there and the heap grows: measured +6 to +17 MiB
+    of peak RSS (up to 3.6% of parameter bytes) on a GPT-2-shaped model with SGD momentum, against
+    2.7 MB of tracked temporaries. Two buffers per dtype and device, of ``nbytes`` each (the chunk
+    budget, :func:`budget`), made at first use and freed with the logging step, serve them:
+    :meth:`one` (a temporary dead before the next is asked for) and :meth:`next` (the stored
+    changes of a chunk, alive together until :meth:`reset`). A request that does not fit gets a
+    tensor of its own.
+    """
+
+    def __init__(self, nbytes: int = PART_ELEMENTS * 4) -> None:
+        self.nbytes = nbytes
+        self._buffers: dict[tuple[str, torch.dtype, torch.device], Tensor] = {}
+        self._used = 0
+
+    def one(self, like: Tensor) -> Tensor:
+        """A contiguous tensor of ``like``'s shape, dtype and device, valid until the next :meth:`one`."""
+        return self._take("one", like, 0)
+
+    def next(self, like: Tensor) -> Tensor:
+        """A contiguous tensor of ``like``'s shape, dtype and device, valid until :meth:`reset`."""
+        out = self._take("next", like, self._used)
+        self._used += like.numel() if out._base is not None else 0  # a slice of the buffer
+        return out
+
+    def reset(self) -> None:
+        """Hand :meth:`next`'s buffer out again from its start."""
+        self._used = 0
+
+    def _take(self, kind: str, like: Tensor, start: int) -> Tensor:
+        key, n = (kind, like.dtype, like.device), like.numel()
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = torch.empty(max(n, self.nbytes // like.element_size()),
+                                                   dtype=like.dtype, device=like.device)
+        if start + n > buf.numel():
+            return torch.empty(like.shape, dtype=like.dtype, device=like.device)
+        return buf[start:start + n].view(like.shape)
+
+
+def _dense_into(d: Scaled, work: Workspace | None) -> Tensor:
+    """``d.dense()``, into ``work``'s :meth:`~Workspace.one` where its result has the tensor's dtype."""
+    t = d.tensor
+    if work is None or t.is_sparse or torch.result_type(t, d.factor) != t.dtype:
+        return d.dense()
+    return d.dense(out=work.one(t))
+
+
+def stores(intended: Tensor | Scaled | Stores, work: Workspace | None = None) -> tuple[list[Tensor], float | Tensor]:
     """``(adds, s)`` of an update view's result: p_after = fl(...fl(fl(s·p_before) + d_1)... + d_k),
-    each d as a dense tensor (new, or the view's own)."""
+    each d as a dense tensor (new, the view's own, or, given ``work``, a :class:`Workspace` buffer
+    for the first :class:`Scaled` one)."""
     if not isinstance(intended, Stores):
         intended = Stores((intended,))
-    adds = [d.dense() if isinstance(d, Scaled) else d for d in intended.adds]
+    adds, used = [], False
+    for d in intended.adds:
+        if isinstance(d, Scaled):
+            d, used = _dense_into(d, None if used else work), True
+        adds.append(d)
     return [d.to_dense() if d.is_sparse else d for d in adds], intended.s
 
 
@@ -235,7 +293,8 @@ def bounds(p: Tensor) -> Tensor | None:
 
 
 def stored_change(p: Tensor, intended: Tensor | Scaled | Stores | None, before: Tensor | None,
-                  extremes: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
+                  extremes: Tensor | None = None, work: Workspace | None = None
+                  ) -> tuple[Tensor | None, Tensor | None]:
     """The stored change u = p_after - p_before of one part, and the intended update it came from.
 
     Args:
@@ -244,6 +303,8 @@ def stored_change(p: Tensor, intended: Tensor | Scaled | Stores | None, before: 
             fallback passes None with ``before``).
         before: the exact snapshot of p_before, or None to invert the rounding (float32/float64).
         extremes: :func:`bounds` of p_before, for the inversion.
+        work: where the inversion's temporaries go (:class:`Workspace`; u then lives until its
+            ``reset``); None: new tensors.
 
     Returns:
         ``(u, meant)``: u as a new tensor (float32 for bf16/fp16 parameters; None where nothing
@@ -254,15 +315,17 @@ def stored_change(p: Tensor, intended: Tensor | Scaled | Stores | None, before: 
     after = p.detach()
     if intended is None:
         return (None if before is None else _wide(after) - _wide(before)), None
-    adds, s = stores(intended)
     if before is not None:
+        adds, s = stores(intended)
         u = _wide(after) - _wide(before)
         meant = _total([_wide(d) for d in adds])
         return u, (meant if _is_one(s) else meant + (s - 1) * _wide(before))
+    adds, s = stores(intended, work)
     real = torch.view_as_real if after.is_complex() else (lambda t: t)
     p_b = real(after)
-    for d in reversed(adds):  # one rounding in p's dtype each: the nearest value to p - d
-        p_b = p_b - real(d.to(after.dtype))
+    for k, d in enumerate(reversed(adds)):  # one rounding in p's dtype each: the nearest value to p - d
+        d = real(d.to(after.dtype))
+        p_b = (p_b - d if work is None else torch.sub(p_b, d, out=work.next(p_b))) if k == 0 else p_b.sub_(d)
     if not _is_one(s):
         p_b = p_b / (s.to(p_b.dtype) if isinstance(s, Tensor) else s)
     if extremes is not None:  # weight 1 gives exactly the constant, weight 0 p_b itself

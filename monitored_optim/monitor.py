@@ -267,7 +267,7 @@ class Monitor:
         """Before the base step of a logging step: the entries, their snapshots and the sums of
         p_before and the grads (a closure's, where the step takes one)."""
         sharding = distributed.sharding(optimizer)  # None outside torch.distributed
-        batch = stats.Batch()
+        batch = stats.Batch(capture.Workspace())  # its buffers go with the batch at the end of the step
         grad_scale = getattr(optimizer, "grad_scale", None)
         fuse = (sharding is None and grad_scale is None and not self.settings.verify
                 and not _closure(args, kwargs, self._closure_first)
@@ -306,6 +306,7 @@ class Monitor:
         chosen = [(group, n, p) for group, names in zip(optimizer.param_groups, _names(optimizer, self._model_names))
                   for n, p in zip(names, group["params"]) if self.settings.select(n, p)]
         self._budget = capture.budget(sum(_nbytes(p) for _, _, p in chosen))
+        batch.work.nbytes = self._budget  # its buffers: one chunk's temporaries
         ways = {id(g): self._fusion(g) for g in optimizer.param_groups} if fuse else {}
         for group, name, p in chosen:
             if not (p.is_floating_point() or p.is_complex()):
@@ -550,6 +551,7 @@ class Monitor:
         view, then rounding-inverted or taken from the snapshot (:mod:`~monitored_optim.capture`);
         its sums go to ``batch`` and, where they apply, ``lost`` and ``verify`` pieces to the
         parameter's entry. The chunk's temporaries die on return."""
+        batch.work.reset()  # the last chunk's stored changes are reduced
         viewed = [i for i, e in enumerate(chunk) if not isinstance(e.snapshot, Cloned)]
         params, views = zip(*[capture.widened(chunk[i].p, states[i]) for i in viewed]) if viewed else ((), ())
         rebuilt = dict(zip(viewed, rebuild(self.view, chunk[0].group, list(params), list(views),
@@ -563,7 +565,7 @@ class Monitor:
                     if u is not None:
                         _record(batch, [e], "u", [u], self._centring([e], "u"), scratch=True)
             else:
-                u = self._stored(e, result, state=states[i])
+                u = self._stored(e, result, state=states[i], work=batch.work)
                 if u is not None:
                     jobs.append((e, u))
             e.clone = None
@@ -571,7 +573,7 @@ class Monitor:
         _record(batch, [e for e, _ in jobs], "u", [u for _, u in jobs], centre, scratch=True)
 
     def _stored(self, e: _Entry, result: Any, span: slice | None = None,
-                state: dict[str, Any] | None = None) -> Tensor | None:
+                state: dict[str, Any] | None = None, work: capture.Workspace | None = None) -> Tensor | None:
         """The stored change of entry ``e`` (or of its flat slice ``span``) from the view's
         ``result``; adds its ``lost`` and ``verify`` pieces, and the families' device pieces, to the
         parameter's entry."""
@@ -579,7 +581,7 @@ class Monitor:
             return t if t is None or span is None else t.detach().view(-1)[span]
 
         p, before, clone = cut(e.p), cut(e.before), cut(e.clone)
-        u, meant = capture.stored_change(p, result, before, e.extremes)
+        u, meant = capture.stored_change(p, result, before, e.extremes, work)
         if u is None:  # the view says nothing moved; verify mode checks that against its clone
             if clone is not None:
                 truth = Cloned(clone).update(p)

@@ -16,10 +16,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from .capture import Workspace
 
 
 def moments(x: Tensor, scratch: bool = False) -> Tensor:
@@ -41,7 +44,7 @@ def moments(x: Tensor, scratch: bool = False) -> Tensor:
     return batch.finish()[0]
 
 
-def _centred(x: Tensor, scratch: bool = False) -> Tensor:
+def _centred(x: Tensor, scratch: bool = False, work: Workspace | None = None) -> Tensor:
     """Centred raw sums of one tensor: ``(mean, sum(x - mean), ||x - mean||)``, two passes; the
     centred values are formed in place when ``scratch`` (``x`` is the caller's temporary), else a
     slice of :data:`SLICE` elements at a time for a large tensor (no full-size temporary).
@@ -50,7 +53,8 @@ def _centred(x: Tensor, scratch: bool = False) -> Tensor:
     std 1e-4), and the sum of the centred values removes the rounding of the float32 mean (the
     shifted-data formulas, Chan, Golub & LeVeque 1983). Uncentred sums ``(sum(x), ||x||)`` lose
     about 1e-7 * mean^2 / var of the variance in float32: :class:`Batch` takes them where
-    ``mean^2 / var <= CENTRE_ABOVE``.
+    ``mean^2 / var <= CENTRE_ABOVE``. ``work``: where the centred copy of a tensor of at most
+    :data:`SLICE` elements goes (:meth:`~monitored_optim.capture.Workspace.one`), else a new tensor.
 
     Returns:
         Tensor of shape ``(3,)`` in ``x``'s real dtype (float32 for bf16/fp16), on its device.
@@ -63,7 +67,8 @@ def _centred(x: Tensor, scratch: bool = False) -> Tensor:
     if in_place or dense.numel() <= SLICE or not dense.is_contiguous():
         dense = _dense_real(dense)
         mean = dense.mean()
-        centred = dense.sub_(mean) if in_place else dense - mean
+        centred = dense.sub_(mean) if in_place else (dense - mean if work is None else
+                                                     torch.sub(dense, mean, out=work.one(dense)))
         return torch.stack([mean, centred.sum(), _norm(centred)])
     mean = dense.mean(dtype=torch.float32 if low else dense.dtype)
     total = mean.new_zeros((), dtype=torch.float64)
@@ -125,7 +130,8 @@ class Batch:
         rows = batch.finish()      # rows[slots[i]]: (mean, m2) of params[i].grad / grad_scale
     """
 
-    def __init__(self) -> None:
+    def __init__(self, work: Workspace | None = None) -> None:
+        self.work = work  # where the centred pass's temporaries go (the monitor's logging steps), or None
         self._counts: list[int] = []
         self._owner: list[int] = []
         self._slots = 0
@@ -157,7 +163,7 @@ class Batch:
             groups.setdefault((x.device, None if centre[i] else _real_dtype(x)), []).append(i)
         for (device, plain), idx in groups.items():
             if plain is None:
-                table = torch.stack([_centred(xs[i], scratch[i]).double() for i in idx])
+                table = torch.stack([_centred(xs[i], scratch[i], self.work).double() for i in idx])
             else:
                 dense = [_dense_real(xs[i]) for i in idx]
                 table = torch.stack([torch.stack([d.sum() for d in dense]), _norms(dense)], 1)

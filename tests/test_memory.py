@@ -59,3 +59,26 @@ def test_extra_peak_memory_of_a_logging_step(cls, kwargs, bound):
     assert extra <= bound
     if bound > 1:
         assert extra >= 0.99  # the clone fallback really holds a copy: the measurement can see one
+
+
+def test_workspace_reuses_its_buffers_and_never_hands_out_live_memory():
+    """``capture.Workspace``: ``one`` gives the same memory each time, ``next`` gives disjoint slices
+    of its own buffer until ``reset``, a request larger than what is left gets a tensor of its own,
+    and the results of an op written there equal the op's own."""
+    from monitored_optim.capture import Workspace
+
+    work = Workspace(nbytes=64 * 4)
+    x = torch.randn(8, 4)
+    a, b = work.one(x), work.one(x)
+    assert a.shape == x.shape and a.dtype == x.dtype and a.data_ptr() == b.data_ptr()
+    first, second = work.next(x), work.next(x)  # 32 + 32 elements: the whole buffer
+    assert first.data_ptr() != second.data_ptr() and first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
+    assert {first.untyped_storage().data_ptr()}.isdisjoint({a.untyped_storage().data_ptr()})
+    third = work.next(x)  # nothing left: its own tensor
+    assert third.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+    work.reset()
+    assert work.next(x).data_ptr() == first.data_ptr()
+    assert work.one(torch.randn(100)).numel() == 100  # larger than the buffer: its own tensor
+    y = torch.randn(8, 4)
+    assert torch.equal(torch.sub(x, y, out=work.one(x)), x - y)
+    assert work.one(x.double()).dtype == torch.float64  # one buffer per dtype

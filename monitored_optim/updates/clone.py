@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 
@@ -34,9 +35,9 @@ class Scaled:
     tensor: Tensor
     factor: float | Tensor
 
-    def dense(self) -> Tensor:
-        """``factor * tensor`` as a new tensor."""
-        return self.tensor * self.factor
+    def dense(self, out: Tensor | None = None) -> Tensor:
+        """``tensor * factor``, as a new tensor or into ``out`` (one ``mul`` either way)."""
+        return torch.mul(self.tensor, self.factor, out=out)
 
 
 @dataclass(frozen=True)
