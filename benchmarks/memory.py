@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import sys
 import weakref
 
@@ -158,7 +159,8 @@ def _steps(name: str, monitored: bool, steps: int = 3, track: bool = False) -> t
 
 
 def _warm(name: str) -> None:
-    """Two logging steps of optimizer ``name`` on a 64 x 64 layer, freed before the model is built:
+    """Two logging steps of optimizer ``name`` on a 256 x 512 layer (its weight cut into parts, as the
+    model's large ones are), freed before the model is built:
     the one-time costs of a process's first logging step (torch kernels run for the first time,
     their code pages and lazily built tables, the library's modules) are then in both processes,
     and what differs is what scales with the model."""
@@ -181,37 +183,57 @@ def _child(name: str, monitored: bool) -> None:
     print(*(int(fields[key].split()[0]) * 1024 for key in ("VmHWM", "RssFile")))
 
 
-def _fresh_rss(name: str, monitored: bool) -> tuple[int, int]:
+def _fresh_rss(name: str, monitored: bool, fixed_mmap: bool = False) -> tuple[int, int]:
     """Peak RSS (bytes, Linux ``VmHWM``) of a fresh Python process that runs :func:`_warm` then
     :func:`_steps`, and its file-backed resident bytes at the end (``RssFile``: pages of shared
     libraries' code and data, such as the torch kernels a logging step runs for the first time, not
-    allocated memory)."""
+    allocated memory). ``fixed_mmap``: with glibc's mmap threshold fixed at 128 KiB
+    (``MALLOC_MMAP_THRESHOLD_``), so that every large block is mapped on its own and unmapped when
+    freed, rather than served from a heap whose layout differs from run to run."""
     import subprocess
 
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(FIXED_MMAP)} if fixed_mmap else None
     out = subprocess.run([sys.executable, __file__, "--child", name, str(int(monitored))],
-                         check=True, capture_output=True, text=True).stdout
+                         check=True, capture_output=True, text=True, env=env).stdout
     hwm, file_backed = out.split()[-2:]
     return int(hwm), int(file_backed)
+
+
+FIXED_MMAP = 128 * 1024
+"""glibc's default mmap threshold, fixed (it otherwise rises to the size of the largest block freed)."""
+
+PAIRS = 3
+"""Fresh plain and monitored processes per optimizer under glibc's defaults (the median is shown)."""
 
 
 def main() -> None:
     """``python benchmarks/memory.py [OPTIMIZER ...]``: the extra memory of logging steps (the first
     included) on a GPT-2-shaped model, as tracked allocations and as peak RSS in fresh processes,
-    in % of parameter bytes."""
+    in % of parameter bytes.
+
+    Peak RSS under glibc's defaults varies between identical runs (the plain AdamW process alone by
+    up to 36 MiB, 8% of the parameter bytes: the step's own temporaries, 62% of them, land in the
+    heap or in maps as its dynamic threshold has moved), so it is shown as the median of
+    :data:`PAIRS` pairs with the plain peaks' spread, and once more with the threshold fixed, where
+    it repeats to 0.1 MiB."""
     if sys.argv[1:2] == ["--child"]:
         _child(sys.argv[2], sys.argv[3] == "1")
         return
     names = sys.argv[1:] or list(OPTIMIZERS)
-    print("optimizer      tracked extra   peak-RSS extra   of which file-backed   "
-          "(of parameter bytes; every step a logging step)")
+    print(f"extra memory of logging steps, % of parameter bytes (every step a logging step); peak RSS: "
+          f"median of {PAIRS} fresh pairs, and with a fixed mmap threshold")
+    print("optimizer      tracked   peak RSS (spread of plain)   fixed threshold   file-backed")
     for name in names:
         plain, param_bytes = _steps(name, False, track=True)
         logged, _ = _steps(name, True, track=True)
-        (rss_plain, file_plain), (rss_logged, file_logged) = _fresh_rss(name, False), _fresh_rss(name, True)
-        print(f"{name:<14} {(logged - plain) / param_bytes:>12.2%}   {(rss_logged - rss_plain) / param_bytes:>14.2%}"
-              f"   {(file_logged - file_plain) / param_bytes:>19.2%}"
-              f"   ({param_bytes / 2**20:.0f} MiB of parameters; peak RSS plain {rss_plain / 2**20:.0f} MiB, "
-              f"monitored {rss_logged / 2**20:.0f} MiB)")
+        pairs = [(_fresh_rss(name, False), _fresh_rss(name, True)) for _ in range(PAIRS)]
+        extra = statistics.median(b[0] - a[0] for a, b in pairs)
+        spread = max(a[0] for a, _ in pairs) - min(a[0] for a, _ in pairs)
+        files = statistics.median(b[1] - a[1] for a, b in pairs)
+        fixed = _fresh_rss(name, True, fixed_mmap=True)[0] - _fresh_rss(name, False, fixed_mmap=True)[0]
+        print(f"{name:<14} {(logged - plain) / param_bytes:>7.2%}   {extra / param_bytes:>8.2%} ({spread / 2**20:>5.1f} MiB)"
+              f"{'':<4} {fixed / param_bytes:>15.2%}   {files / param_bytes:>11.2%}"
+              f"   ({param_bytes / 2**20:.0f} MiB of parameters)")
 
 
 if __name__ == "__main__":
