@@ -291,3 +291,20 @@ def test_zero_dim_parameter_with_a_one_element_tensor_lr(cls, kwargs, dtype):
 
     for logged, expected in logged_and_truth(cls, kwargs, params, grads, steps=2):
         assert logged["update_norm/logit_scale"] == pytest.approx(expected["update_norm/logit_scale"], rel=1e-2)
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_adafactor_on_a_large_transposed_matrix_with_a_contiguous_grad(foreach):
+    """A non-contiguous parameter of more than ``PART_ELEMENTS`` elements whose grad was set as a
+    contiguous tensor: the row-block rebuild would cut the parameter flat (it once raised a view
+    error); it takes the whole-matrix rebuild instead."""
+    def params():
+        torch.manual_seed(0)
+        return [("w", nn.Parameter(torch.randn(700, 500).t()))]
+
+    def grads(named, i):
+        (_, w), = named
+        w.grad = torch.randn(500, 700, generator=torch.Generator().manual_seed(i))
+
+    for logged, expected in logged_and_truth(torch.optim.Adafactor, dict(lr=1e-2, foreach=foreach), params, grads):
+        truth.assert_figures_match(logged, expected)

@@ -59,7 +59,7 @@ class AdafactorView:
         alpha = _alpha(snapshot, root_n, eps2, min(lr, 1 / (state["step"].item() ** 0.5)))
         wd = group["weight_decay"]
         s = 1 - lr * wd if wd != 0 else 1.0
-        if grad.dim() == 2 and grad.is_contiguous() and p.numel() > PART_ELEMENTS:
+        if grad.dim() == 2 and grad.is_contiguous() and p.is_contiguous() and p.numel() > PART_ELEMENTS:
             return _rows(grad, state, eps1, alpha, root_n * group["d"], s)
         update = _normalized(grad, state, eps1)
         clip = update.norm(2).double().div_(root_n * group["d"]).clamp_(min=1.0)
