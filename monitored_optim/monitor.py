@@ -453,7 +453,7 @@ class Monitor:
             figures.update(self.health.figures(_health_records(entries, hosted, table), self.step))
         if self._families:
             step = families.Step(self.step, [e.name for e in entries], table, [got for got, _ in hosted],
-                                 [_float_lr(e.group) if "state" in self.settings.figures else None for e in entries],
+                                 _entry_lrs(entries, {"state", "spikes"} & self.settings.figures),
                                  [e.part.whole.shape for e in entries], figures)
             for fam in self._families:
                 figures.update(fam.figures(step))
@@ -676,6 +676,16 @@ def _accumulate(e: _Entry, key: str, value: Tensor, norms: bool = False) -> None
         e.pieces[key] = value
     else:
         e.pieces[key] = torch.hypot(held, value) if norms else families.combine(key, held, value)
+
+
+def _entry_lrs(entries: list[_Entry], wanted: bool) -> list[float | None]:
+    """Each entry's group lr as a float (:func:`_float_lr`, read once per param group), or all None
+    where no family ``wanted`` it."""
+    if not wanted:
+        return [None] * len(entries)
+    lrs = {id(e.group): e.group for e in entries}
+    lrs = {key: _float_lr(group) for key, group in lrs.items()}
+    return [lrs[id(e.group)] for e in entries]
 
 
 def _float_lr(group: dict[str, Any]) -> float | None:

@@ -46,6 +46,32 @@ def test_a_spike_injected_into_one_layer_is_named_and_only_it(tmp_path):
     assert counts[19] == 1 and sum(counts) == 1, counts
 
 
+@pytest.mark.parametrize("schedule", ["x0.05 at step 100", "x100 after a constant warmup", "grads x1e-3 at step 100"])
+def test_a_learning_rate_change_or_a_fall_is_no_spike(schedule):
+    """Logged every 10 steps: an lr cut (StepLR), the jump at the end of a constant warmup and a
+    step whose grads fall a thousandfold move every layer's figures by 1.3 to 3 decades at once;
+    judged per unit of lr, and only upwards, none of them is a spike."""
+    model = mlp()
+    opt = Monitored(O.AdamW)(model.named_parameters(), lr=1e-3, monitor=MonitorConfig(backend="none", every=10))
+    factor = {"x0.05 at step 100": lambda k: 0.05 if k >= 99 else 1.0,
+              "x100 after a constant warmup": lambda k: 1.0 if k >= 99 else 0.01}.get(schedule, lambda k: 1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    counts = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step, (x, y) in enumerate(batches(150), start=1):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            if schedule.startswith("grads") and step == 100:
+                for p in model.parameters():
+                    p.grad *= 1e-3
+            opt.step()
+            sched.step()
+            counts.append(opt.monitor.latest.get("health/spikes"))
+    assert counts[-1] is not None and not any(counts[9::10]), counts[9::10]
+    assert not [w for w in caught if "spike" in str(w.message)]
+
+
 def train(cls, kwargs, steps, figures="all", model=None):
     model = model or mlp()
     opt = Monitored(cls)(model.named_parameters(), **kwargs, monitor=MonitorConfig(backend="none", figures=figures))
@@ -187,9 +213,9 @@ def _table_of(names, figures):
 
 
 def test_spike_counts_equal_hampels_identifier_computed_here():
-    """The vectorized spikes family against the rule written out with ``statistics.median`` per
-    series, over 60 logging steps of 30 parameters with injected spikes, missing values and zero
-    grad norms."""
+    """The vectorized spikes family against the one-sided rule written out with ``statistics.median``
+    per series, over 60 logging steps of 30 parameters with injected jumps up and falls, missing
+    values, zero grad norms and a decaying lr (known for half the parameters)."""
     import math
     import statistics
     from collections import deque
@@ -201,39 +227,43 @@ def test_spike_counts_equal_hampels_identifier_computed_here():
     names = [f"layers.{i}.weight" for i in range(30)]
     family, history, total = S.Spikes(), {}, 0
     for step in range(1, 61):
+        lr = 1e-3 * 0.9 ** step  # 0.05 decades per step: 2.7 over the run
+        lrs = [lr if i % 2 else None for i in range(len(names))]
         figures = {}
         for i, name in enumerate(names):
             g = float(10 ** (torch.randn(1, generator=gen).item() * 0.1 - 2))
-            r = -3 + 0.05 * torch.randn(1, generator=gen).item()
+            r = -3 + math.log10(lr / 1e-3) + 0.05 * torch.randn(1, generator=gen).item()  # u ∝ lr
             near = 0.9 + 0.2 * torch.rand(1, generator=gen).item()  # about the floor of a factor of 10:
-            if (step + i) % 7 == 0:  # spikes on both sides of the rule's bound
+            if (step + i) % 7 == 0:  # jumps on both sides of the rule's bound
                 g *= 10 ** near
+            if (step + i) % 11 == 0:  # falls, never spikes
+                g /= 10 ** (2 * near)
             if (step * i) % 5 == 1:
-                r += near
+                r += near if (step + i) % 2 else -2 * near
             if (step + 2 * i) % 13 != 0:  # sometimes missing
                 figures[f"grad_norm/{name}"] = 0.0 if (step + i) % 29 == 0 else g
             figures[f"update_to_data/{name}"] = r
         want = 0
-        for name in names:
+        for name, group_lr in zip(names, lrs):
             hit = False
             for kind in S.FIGURES:
                 value = figures.get(f"{kind}/{name}")
                 if value is None or (kind == "grad_norm" and value <= 0):
                     continue
-                x = math.log10(value) if kind == "grad_norm" else value
+                x = math.log10(value) if kind == "grad_norm" else value - math.log10(group_lr or 1.0)
                 past = history.setdefault((name, kind), deque(maxlen=S.WINDOW))
                 spike = False
                 if len(past) >= S.MIN_HISTORY:
                     m = statistics.median(past)
                     mad = statistics.median(abs(v - m) for v in past)
-                    spike = abs(x - m) > max(S.THRESHOLD * 1.4826 * mad, S.FLOOR)
+                    spike = x - m > max(S.THRESHOLD * 1.4826 * mad, S.FLOOR)
                 if not spike:
                     past.append(x)
                 hit |= spike
             want += hit
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # its one warning is tested above
-            got = family.figures(SimpleNamespace(step=step, names=names, table=_table_of(names, figures)))
+            got = family.figures(SimpleNamespace(step=step, names=names, table=_table_of(names, figures), lrs=lrs))
         assert got["health/spikes"] == want, (step, got, want)
         total += want
     assert total > 30, total  # the bound was crossed often enough to tell rules apart

@@ -1,17 +1,22 @@
-"""Per-layer spikes: a parameter's grad norm or update-to-data ratio far from its own recent past.
+"""Per-layer spikes: a parameter's grad norm or update-to-data ratio jumping far above its recent past.
 
-For each monitored parameter and each of ``log10(grad_norm)`` and ``update_to_data`` (both log10,
-so a spike is a factor), the baseline is the median m and the median absolute deviation MAD of its
-last :data:`WINDOW` logged values. A value x spikes when it has at least :data:`MIN_HISTORY` values
-behind it and
+For each monitored parameter and each of ``log10(grad_norm)`` and ``update_to_data`` per unit of
+learning rate (``update_to_data - log10(lr)``, where the param group's lr is a known positive
+number; all log10, so a spike is a factor), the baseline is the median m and the median absolute
+deviation MAD of its last :data:`WINDOW` logged values. A value x spikes when it has at least
+:data:`MIN_HISTORY` values behind it and
 
-    |x - m| > max(THRESHOLD · 1.4826 · MAD, FLOOR)
+    x - m > max(THRESHOLD · 1.4826 · MAD, FLOOR)
 
 (1.4826 · MAD estimates a standard deviation for normal data; FLOOR, a factor of 10, keeps a
-parameter whose figure barely moves, or falls steadily early in training, from spiking on noise). A spiking value does not enter
-the baseline. Computed from the step's moment table, already on the host: no device work, no sync.
+parameter whose figure barely moves, or falls steadily early in training, from spiking on noise).
+Only a jump up is a spike: the blow-up that comes before a loss spike. A fall is not (a schedule's
+decay, a one-element bias whose grad crosses zero); a lasting one shows in ``health/unchanged`` and
+``health/no_grad``. Dividing the update by the lr keeps warmup and decay, which move every layer's
+ratio by design, from counting. A spiking value does not enter the baseline. Computed from the
+step's moment table, already on the host: no device work, no sync.
 Source: Hampel's identifier (Hampel 1974; Pearson 2002, "Outliers in process modeling and
-identification").
+identification"), one-sided.
 """
 
 from __future__ import annotations
@@ -51,12 +56,12 @@ class Spikes(Family):
         names = list(step.names)
         self._grow(names)
         rows = torch.tensor([self._row[name] for name in names], dtype=torch.long)
-        x = _values(step.table)
+        x = _values(step.table, step.lrs)
         past, count = self._history[rows], self._count[rows]
         median = _median(past, count)
         mad = _median((past - median.unsqueeze(-1)).abs(), count)
         bound = torch.clamp(THRESHOLD * 1.4826 * mad, min=FLOOR)
-        spike = (count >= MIN_HISTORY) & x.isfinite() & ((x - median).abs() > bound)
+        spike = (count >= MIN_HISTORY) & x.isfinite() & (x - median > bound)
         keep = x.isfinite() & ~spike  # a spiking value does not enter the baseline
         r, k = keep.nonzero(as_tuple=True)
         self._history[rows[r], k, count[r, k] % WINDOW] = x[r, k]
@@ -67,7 +72,7 @@ class Spikes(Family):
             self._told = True
             shown = ", ".join(f"{name!r} ({' and '.join(kinds)})" for name, kinds in spiking[:5])
             more = f" and {len(spiking) - 5} more" if len(spiking) > 5 else ""
-            warn(f"monitored_optim: spike at step {step.step} in {shown}{more}: far outside each one's "
+            warn(f"monitored_optim: spike at step {step.step} in {shown}{more}: far above each one's "
                  f"last {WINDOW} logged values (health/spikes counts them at every logging step)", RuntimeWarning)
         return {"health/spikes": float(len(spiking))}
 
@@ -82,13 +87,16 @@ class Spikes(Family):
         self._count = torch.cat([self._count, torch.zeros((len(new), len(FIGURES)), dtype=torch.long)])
 
 
-def _values(table: Any) -> Tensor:
+def _values(table: Any, lrs: list[float | None]) -> Tensor:
     """Per parameter, the figures spikes are judged on, float64 of shape ``(N, len(FIGURES))``: log10
-    of the grad norm and the update-to-data ratio, NaN where there is none (no grad, a zero norm, an
-    undefined ratio), from the step's :class:`~monitored_optim.stats.MomentTable`."""
+    of the grad norm, and the update-to-data ratio less log10 of its group's lr where that is a known
+    positive float (``lrs``, one per parameter); NaN where there is none (no grad, a zero norm, an
+    undefined ratio). From the step's :class:`~monitored_optim.stats.MomentTable`."""
     grad_norm = table.norm[:, 1]
     log_norm = torch.where(grad_norm > 0, grad_norm.log10(), math.nan)
-    return torch.stack([log_norm, table.log10_ratio(2, 0)], 1)
+    per_lr = torch.tensor([math.log10(lr) if lr is not None and lr > 0 else 0.0 for lr in lrs],
+                          dtype=torch.float64).reshape(-1)
+    return torch.stack([log_norm, table.log10_ratio(2, 0) - per_lr], 1)
 
 
 def _median(values: Tensor, count: Tensor) -> Tensor:
