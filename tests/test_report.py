@@ -362,3 +362,32 @@ def test_a_wandb_only_run_directory_says_where_its_figures_are(tmp_path):
     (tmp_path / "wandb").mkdir()
     with pytest.raises(ReportError, match="it holds a W&B run.*MONITORED_OPTIM_BACKEND=wandb,jsonl"):
         load_run(tmp_path)
+
+
+def test_a_logdir_shared_with_a_trainers_logger(tmp_path):
+    """Lightning's ``TensorBoardLogger`` (or any ``SummaryWriter``) writing its loss into the
+    monitor's logdir at other steps: the report's steps are the monitor's, every latest value is
+    there, nothing of rich's markup leaks into the text and the title is one line at 80 columns."""
+    from tensorboardX import SummaryWriter
+
+    run = tmp_path / "lit" / "version_0"
+    latest = train("tensorboard", run, steps=20, every=5)
+    writer = SummaryWriter(str(run))
+    for step in [4, 9, 14, 19, 63, 127]:
+        writer.add_scalar("train_loss", 1.0 / (step + 1), step)
+    writer.close()
+    assert load_run(run).steps == [5, 10, 15, 20]
+    out = cli("report", "lit/version_0", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "lit/version_0  (tensorboard, 4 logged steps, last step 20)", lines[:2]
+    title = cli("report", str(run), cwd=tmp_path).stdout.splitlines()[0]  # a long path: its start gives way
+    assert title.startswith("…") and title.endswith("/lit/version_0  (tensorboard, 4 logged steps, last step 20)")
+    assert len(title) == 80, title
+    assert "[" not in out.stdout.replace("[-4, -2]", ""), out.stdout
+    assert f"global/grad_norm {latest['global/grad_norm']:.3g}" in out.stdout
+    line = next(line for line in lines if " fc1.weight " in line)
+    assert f"{latest['update_to_data/fc1.weight']:.2f}" in line
+    assert max(map(len, lines)) <= 80
+    parent = cli("report", ".", cwd=tmp_path)  # two levels above the run
+    assert parent.returncode == 1 and "runs found in subdirectories: lit/version_0;" in parent.stderr, parent.stderr

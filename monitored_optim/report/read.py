@@ -41,7 +41,8 @@ class Run:
     Attributes:
         path: the run directory that was read.
         source: ``"jsonl"`` or ``"tensorboard"``, which files the figures came from.
-        steps: every logged optimizer step, ascending (the x axis; ints >= 1).
+        steps: every step at which the monitor logged (tags it writes, :func:`split_tag`; other writers' tags
+            in the same directory, a trainer's loss, do not add steps), ascending (the x axis; ints >= 1).
         series: tag -> list of ``(step, value)`` pairs in ascending step order, the tags in layer
             order (first-appearance order, see the module docstring). Values are floats in the
             tag's unit (log10 of a ratio for ``update_to_data/``, L2 norms for ``*_norm``, ...).
@@ -58,6 +59,28 @@ class Run:
     def values(self, tag: str) -> dict[int, float]:
         """The points of ``tag`` as ``{step: value}``; empty when the tag was never logged."""
         return dict(self.series.get(tag, ()))
+
+
+PER_PARAMETER = ("param_norm", "update_norm", "grad_norm", "update_to_data", "grad_to_data")
+"""Kinds of the per-parameter tags ``[{prefix}/]{kind}/{name}``."""
+RUN_WIDE = ("global", "lr", "health", "verify")
+"""Kinds of the run-wide tags ``[{prefix}/]{kind}/{what}``."""
+
+
+def split_tag(tag: str) -> tuple[str, str, str] | None:
+    """``(prefix, kind, rest)`` of a monitor tag, or ``None`` for a tag the monitor does not write.
+
+    ``prefix`` is ``""`` or ``"{MonitorConfig.prefix}/"`` (several optimizers sharing a logdir).
+    Examples: ``"update_to_data/fc1.weight"`` -> ``("", "update_to_data", "fc1.weight")``;
+    ``"gen/global/grad_norm"`` -> ``("gen/", "global", "grad_norm")``.
+    """
+    parts = tag.split("/", 2)
+    kinds = PER_PARAMETER + RUN_WIDE
+    if len(parts) >= 2 and parts[0] in kinds:
+        return "", parts[0], tag[len(parts[0]) + 1:]
+    if len(parts) == 3 and parts[1] in kinds:
+        return parts[0] + "/", parts[1], parts[2]
+    return None
 
 
 def load_run(run_dir: str | Path) -> Run:
@@ -102,10 +125,11 @@ def _read_kinds(path: Path) -> dict[str, str]:
 
 
 def _hint_subdirectories(path: Path) -> str:
-    """`` (runs found in subdirectories: a, b; pass one of them)`` when ``path`` is a parent of runs."""
+    """`` (runs found in subdirectories: a, b; pass one of them)`` when ``path`` is a parent of runs,
+    up to three levels down (``lightning_logs/version_0`` inside a project directory)."""
     try:
-        runs = sorted(d for d in path.iterdir() if d.is_dir() and (
-            (d / "metrics.jsonl").exists() or any(d.glob(EVENT_GLOB))))
+        below = [d for pattern in ("*", "*/*", "*/*/*") for d in path.glob(pattern) if d.is_dir()]
+        runs = sorted(d for d in below if (d / "metrics.jsonl").exists() or any(d.glob(EVENT_GLOB)))
     except OSError:
         return ""
     if not runs:
@@ -199,7 +223,8 @@ def _assemble(run_dir: Path, source: str, records: list[tuple[int, dict[str, flo
                     del points[old]
             if math.isfinite(value):
                 points[step] = value
-    steps = sorted({step for points in series.values() for step in points})
+    ours = [points for tag, points in series.items() if split_tag(tag) is not None] or list(series.values())
+    steps = sorted({step for points in ours for step in points})  # a trainer's tags in the same logdir aside
     return Run(run_dir, source, steps, {tag: list(points.items()) for tag, points in series.items() if points})
 
 

@@ -9,33 +9,13 @@ import re
 import statistics
 from dataclasses import dataclass, field
 
-from .read import Run
+from .read import PER_PARAMETER, Run, split_tag
 
 HEALTHY_BAND = (-4.0, -2.0)
 """Update-to-data ratios (log10) inside this closed band count as healthy; -3 is the rule of thumb."""
 REFERENCE = -3.0
-PER_PARAMETER = ("param_norm", "update_norm", "grad_norm", "update_to_data", "grad_to_data")
-"""Kinds of the per-parameter tags ``[{prefix}/]{kind}/{name}``."""
-RUN_WIDE = ("global", "lr", "health", "verify")
-"""Kinds of the run-wide tags ``[{prefix}/]{kind}/{what}``."""
 HEALTH = "health"
 """Kind of the run-wide health counts (``health/no_grad``, ``health/unchanged``, ...)."""
-
-
-def split_tag(tag: str) -> tuple[str, str, str] | None:
-    """``(prefix, kind, rest)`` of a monitor tag, or ``None`` for a tag the monitor does not write.
-
-    ``prefix`` is ``""`` or ``"{MonitorConfig.prefix}/"`` (several optimizers sharing a logdir).
-    Examples: ``"update_to_data/fc1.weight"`` -> ``("", "update_to_data", "fc1.weight")``;
-    ``"gen/global/grad_norm"`` -> ``("gen/", "global", "grad_norm")``.
-    """
-    parts = tag.split("/", 2)
-    kinds = PER_PARAMETER + RUN_WIDE
-    if len(parts) >= 2 and parts[0] in kinds:
-        return "", parts[0], tag[len(parts[0]) + 1:]
-    if len(parts) == 3 and parts[1] in kinds:
-        return parts[0] + "/", parts[1], parts[2]
-    return None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ WIDTH = 80
 
 
 def render(summary: Summary, width: int = WIDTH) -> list[RenderableType]:
-    """The report as ``rich`` renderables: the per-parameter table, a note on the window, the latest
+    """The report as ``rich`` renderables: a title line (the run, its source and logged steps), the
+    per-parameter table, a note on the window, the latest
     global figures, and the run-wide ``health/`` counts (when the run logged them; non-zero in red).
 
     Table columns: ``#`` (layer order), ``parameter`` (shortened in the middle to fit ``width``,
@@ -45,19 +46,33 @@ def render(summary: Summary, width: int = WIDTH) -> list[RenderableType]:
     while (excess := _width(table) - width) > 0 and room > 12:  # names give way, nothing else
         room = max(12, room - excess)
         table = _table(summary, room)
-    out: list[RenderableType] = [table, (
+    out: list[RenderableType] = [_title(summary, width), table, (
         "[dim]u/d: update-to-data ratio, log10(std(update) / std(weights)); g/d: the same for the grad; "
         f"|u|: update norm. Medians over the last {len(window)} logged steps ({span}). The verdict judges a matrix's "
         f"median: healthy band [{HEALTHY_BAND[0]:g}, {HEALTHY_BAND[1]:g}], rule of thumb {REFERENCE:g}. "
         "Vectors (biases, norm gains) are not judged by the band: their small spread makes their "
         "ratio read higher; watch their trend.[/dim]")]
-    glob = [(f"{tag} {_norm(f.latest)}", escape(f"{tag} {_norm(f.latest)}")) for tag, f in summary.globals.items()]
+    glob = [(f"{tag} {_plain(f.latest)}", f"{escape(tag)} {_norm(f.latest)}") for tag, f in summary.globals.items()]
     if glob:
         out.append(_pack("latest:", glob, width))
     if summary.health:
         counts = [_health(_health_label(tag), count) for tag, count in summary.health.items()]
         out.append(_pack("health, latest (max over the window):", counts, width))
     return out
+
+
+def _title(summary: Summary, width: int) -> Text:
+    """One line: the run's path (its start cut to fit ``width``, the run's own name kept), its source
+    and logged steps."""
+    from rich.text import Text
+
+    run = summary.run
+    about = f"  ({run.source}, {len(run.steps)} logged steps, last step {run.steps[-1]})"
+    path, room = str(run.path), max(width - len(about), 12)
+    text = Text(path if len(path) <= room else "…" + path[len(path) - room + 1:])
+    text.append(about)
+    text.no_wrap = True
+    return text
 
 
 def _pack(title: str, items: list[tuple[str, str]], width: int) -> Text:
@@ -84,10 +99,7 @@ def _table(summary: Summary, room: int) -> Table:
     from rich.markup import escape
     from rich.table import Table
 
-    run = summary.run
-    table = Table(
-        title=f"{escape(str(run.path))}  ({run.source}, {len(run.steps)} logged steps, last step {run.steps[-1]})",
-        box=box.SIMPLE_HEAD, title_justify="left", header_style="bold", pad_edge=False, collapse_padding=True)
+    table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, collapse_padding=True)
     table.add_column("#", justify="right", style="dim", no_wrap=True)
     table.add_column("parameter", no_wrap=True)
     for head in ("u/d\nmedian", "u/d\nlatest", "g/d\nmedian", "|u|\nmedian"):
@@ -160,8 +172,12 @@ def _ratio(value: float | None, band: bool) -> str:
     return text
 
 
+def _plain(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
 def _norm(value: float | None) -> str:
-    return "[dim]-[/dim]" if value is None else f"{value:.3g}"
+    return "[dim]-[/dim]" if value is None else _plain(value)
 
 
 def _health_label(tag: str) -> str:
