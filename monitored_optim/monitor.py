@@ -26,7 +26,7 @@ from torch._utils import _flatten_dense_tensors
 from . import amp, capture, distributed, families, fused, grouping, stats
 from ._warnings import warn
 from .backends import Fanout
-from .config import MonitorConfig, Settings, family, resolve
+from .config import DEFAULT_FIGURES, MonitorConfig, Settings, family, resolve
 from .health import Health, ParamHealth
 from .updates import CLONE, Cloned, Rows, View, elementwise, raw_step, rebuild, view_for
 from .families.base import Family
@@ -93,9 +93,12 @@ class _Entry:
 
 @dataclass
 class _Flat:
-    """A chunk of small parameters captured flat (``fused.flat``): the lengths of its entries (those
-    whose ``flat`` it is, in order) and the flat copy of p_before taken just before the step."""
+    """A chunk of small parameters captured flat (``fused.flat``): its entries (those whose ``flat``
+    it is), their lengths (element counts, as a list and as a tensor on their device) and the flat
+    copy of p_before taken just before the step."""
 
+    members: list[_Entry]
+    sizes: list[int]
     lengths: Tensor
     before: Tensor
 
@@ -386,7 +389,8 @@ class Monitor:
             for i, n in enumerate([*sizes, fused.FLAT + 1]):  # a last one that never fits closes the chunk
                 if i > start and size + n > fused.FLAT:
                     chunk = members[start:i]
-                    group = _Flat(torch.tensor(sizes[start:i], device=chunk[0].p.device), _flat_copy([x.p for x in chunk]))
+                    group = _Flat(chunk, sizes[start:i], torch.tensor(sizes[start:i], device=chunk[0].p.device),
+                                  _flat_copy([x.p for x in chunk]))
                     for x in chunk:
                         x.flat = group
                     start, size = i, 0
@@ -448,17 +452,21 @@ class Monitor:
         figures.update({f"global/{kind}_norm": math.sqrt(v) for kind, v in zip(("param", "grad", "update"), sq_norms)})
         errors = [_verify_error(e, *got["verify"], told=self._verify_told)
                   for e, (got, _) in zip(entries, hosted) if "verify" in got]
-        figures.update(_learning_rates(optimizer))
+        lrs = _group_lrs(optimizer)
+        figures.update(_learning_rates(optimizer, lrs))
+        group_lr = {id(group): lr for group, lr in zip(optimizer.param_groups, lrs)}
         if "health" in self.settings.figures:  # its counts and warnings need the grads it reduces
             figures.update(self.health.figures(_health_records(entries, hosted, table), self.step))
         if self._families:
             step = families.Step(self.step, [e.name for e in entries], table, [got for got, _ in hosted],
-                                 _entry_lrs(entries, {"state", "spikes"} & self.settings.figures),
+                                 [group_lr.get(id(e.group)) for e in entries],
                                  [e.part.whole.shape for e in entries], figures)
             for fam in self._families:
                 figures.update(fam.figures(step))
         chosen = self.settings.figures
-        figures = {tag: value for tag, value in figures.items() if family(tag) in chosen and math.isfinite(value)}
+        every = chosen.issuperset(DEFAULT_FIGURES)  # the others (state, spectral) only compute when chosen
+        figures = {tag: value for tag, value in figures.items()
+                   if math.isfinite(value) and (every or family(tag) in chosen)}
         if errors and math.isfinite(max(errors)):
             figures["verify/max_rel_error"] = max(errors)
         for model in (ref() for ref in self._watched):
@@ -498,21 +506,18 @@ class Monitor:
         ones (their p_before's rows came before the step, :func:`~monitored_optim.fused.prior`); one
         call per chunk of up to :data:`~monitored_optim.fused.CHUNK` parameters of one param group,
         device, dtype, rank and kind, so that identical blocks share a graph."""
-        chunks: dict[int, list[_Entry]] = {}
+        kinds: dict[tuple[Any, ...], list[_Entry]] = {}
+        flats: dict[int, _Flat] = {}
         for e in entries:
             if e.flat is not None:
-                chunks.setdefault(id(e.flat), []).append(e)
-        for members in chunks.values():
-            chunk = members[0].flat
-            after = _flatten_dense_tensors([e.p for e in members])
-            grads = _flatten_dense_tensors(_grads(members))
+                flats[id(e.flat)] = e.flat
+            else:
+                kinds.setdefault((id(e.group), e.p.device, e.p.dtype, e.p.dim(), isinstance(e.snapshot, Cloned)), []).append(e)
+        for chunk in flats.values():
+            after = _flatten_dense_tensors([e.p for e in chunk.members])
+            grads = _flatten_dense_tensors(_grads(chunk.members))
             rows = fused.flat(chunk.before, after, grads, chunk.lengths)  # eager: faster than compiled here
-            self._put(batch, members, rows, _KINDS)
-        kinds: dict[tuple[Any, ...], list[_Entry]] = {}
-        for e in entries:
-            key = (id(e.group), e.p.device, e.p.dtype, e.p.dim(), isinstance(e.snapshot, Cloned))
-            if e.flat is None:
-                kinds.setdefault(key, []).append(e)
+            self._put(batch, chunk.members, rows, _KINDS, chunk.sizes)
         for key, members in kinds.items():
             for i in range(0, len(members), fused.CHUNK):
                 chunk = members[i:i + fused.CHUNK]
@@ -523,15 +528,18 @@ class Monitor:
                 self._put(batch, chunk, rows, _KINDS if key[-1] else _KINDS[1:])
 
     @staticmethod
-    def _put(batch: stats.Batch, chunk: list[_Entry], rows: Tensor, kinds: tuple[str, ...]) -> None:
+    def _put(batch: stats.Batch, chunk: list[_Entry], rows: Tensor, kinds: tuple[str, ...],
+             counts: list[int] | None = None) -> None:
         """The fused capture's ``(len(kinds), k, 3)`` rows of a chunk into its entries' slots of those
-        kinds (none for the grad of a parameter whose step left it without one)."""
-        counts = [stats.count(e.p) for e in chunk]
+        kinds (none for the grad of a parameter whose step left it without one); ``counts``: the
+        entries' element counts, where known."""
+        counts = counts if counts is not None else [stats.count(e.p) for e in chunk]
+        with_grad = [i for i, e in enumerate(chunk) if e.p.grad is not None]
         for kind, table in zip(kinds, rows.unbind(0)):
-            keep = [i for i, e in enumerate(chunk) if kind != "grad" or e.p.grad is not None]
-            if len(keep) < len(chunk):
-                table = table[keep]
-            batch.put(table, [counts[i] for i in keep], [chunk[i].slots[kind] for i in keep])
+            if kind == "grad" and len(with_grad) < len(chunk):
+                batch.put(table[with_grad], [counts[i] for i in with_grad], [chunk[i].slots[kind] for i in with_grad])
+            else:
+                batch.put(table, counts, [e.slots[kind] for e in chunk])
 
     def _rebuilt_rows(self, group: dict[str, Any], after: list[Tensor], states: list[dict[str, Any]],
                       grads: list[Tensor], extremes: list[Tensor]) -> Tensor:
@@ -617,15 +625,19 @@ class Monitor:
         _ALL.add(self)
         if distributed.is_writer():  # under torch.distributed only rank 0 opens and writes backends
             _OPEN.add(self)
-            compact = None
-            if len(self.latest) > self.settings.tag_budget:
-                compact = grouping.summarize(self.latest, prefix)
-                if len(compact) > self.settings.tag_budget and not self._told_budget:
-                    self._told_budget = True
-                    warn(f"monitored_optim: {len(compact)} tags per logging step even grouped by depth, above "
-                         f"the tag budget of {self.settings.tag_budget} for TensorBoard and W&B; choose what is "
-                         "monitored with MonitorConfig(params=..., figures=...) or raise tag_budget")
-            self._backends.log(self.latest, self.step, compact)
+            over = len(self.latest) > self.settings.tag_budget
+            self._backends.log(self.latest, self.step, functools.partial(self._grouped, prefix) if over else None)
+
+    def _grouped(self, prefix: str) -> dict[str, float]:
+        """The latest figures grouped by depth for the dashboards (a step over the tag budget); warns
+        once if even that is over it."""
+        compact = grouping.summarize(self.latest, prefix)
+        if len(compact) > self.settings.tag_budget and not self._told_budget:
+            self._told_budget = True
+            warn(f"monitored_optim: {len(compact)} tags per logging step even grouped by depth, above "
+                 f"the tag budget of {self.settings.tag_budget} for TensorBoard and W&B; choose what is "
+                 "monitored with MonitorConfig(params=..., figures=...) or raise tag_budget")
+        return compact
 
 
 def _grads(entries: list[_Entry]) -> list[Tensor]:
@@ -676,24 +688,6 @@ def _accumulate(e: _Entry, key: str, value: Tensor, norms: bool = False) -> None
         e.pieces[key] = value
     else:
         e.pieces[key] = torch.hypot(held, value) if norms else families.combine(key, held, value)
-
-
-def _entry_lrs(entries: list[_Entry], wanted: bool) -> list[float | None]:
-    """Each entry's group lr as a float (:func:`_float_lr`, read once per param group), or all None
-    where no family ``wanted`` it."""
-    if not wanted:
-        return [None] * len(entries)
-    lrs = {id(e.group): e.group for e in entries}
-    lrs = {key: _float_lr(group) for key, group in lrs.items()}
-    return [lrs[id(e.group)] for e in entries]
-
-
-def _float_lr(group: dict[str, Any]) -> float | None:
-    """A group's lr as a float (a 0-dim Tensor lr read on the host: CPU ones cost nothing)."""
-    lr = group.get("lr")
-    if isinstance(lr, Tensor):
-        return float(lr) if lr.device.type == "cpu" else None
-    return float(lr) if isinstance(lr, (int, float)) else None
 
 
 def _chunks(entries: list[_Entry], budget: int) -> Iterator[list[_Entry]]:
@@ -803,18 +797,22 @@ def _health_records(entries: list[_Entry], hosted: list[tuple[dict[str, list[flo
     return records
 
 
-def _learning_rates(optimizer: torch.optim.Optimizer) -> dict[str, float]:
-    """``lr/group{i}`` (or ``lr/{name}``) per param group; Tensor lrs are read in one batch."""
-    labels, values = [], []
-    for i, group in enumerate(optimizer.param_groups):
-        if isinstance(group.get("lr"), (int, float, Tensor)):
-            labels.append(group["name"] if isinstance(group.get("name"), str) else f"group{i}")
-            values.append(group["lr"])
+def _group_lrs(optimizer: torch.optim.Optimizer) -> list[float | None]:
+    """Each param group's lr as a float (None where it is neither a number nor a Tensor); Tensor lrs
+    are read in one batch, not a host read per group."""
+    values = [group.get("lr") if isinstance(group.get("lr"), (int, float, Tensor)) else None
+              for group in optimizer.param_groups]
     tensors = [v for v in values if isinstance(v, Tensor)]
-    if tensors:  # one copy, not a host read per group
+    if tensors:
         read = iter(torch.stack([t.detach().reshape(()).double().cpu() for t in tensors]).tolist())
         values = [next(read) if isinstance(v, Tensor) else v for v in values]
-    return {f"lr/{label}": float(v) for label, v in zip(labels, values)}
+    return [None if v is None else float(v) for v in values]
+
+
+def _learning_rates(optimizer: torch.optim.Optimizer, lrs: list[float | None]) -> dict[str, float]:
+    """``lr/group{i}`` (or ``lr/{name}``) per param group, from its :func:`_group_lrs` ``lrs``."""
+    return {f"lr/{group['name'] if isinstance(group.get('name'), str) else f'group{i}'}": lr
+            for i, (group, lr) in enumerate(zip(optimizer.param_groups, lrs)) if lr is not None}
 
 
 def _closure_is_first(optimizer_cls: type) -> bool:

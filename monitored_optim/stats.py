@@ -187,6 +187,9 @@ class Batch:
         """Record the counts of new rows and their slots (a new one per None); the first row's index."""
         first = len(self._counts)
         self._counts += counts
+        if into is not None and None not in into:  # parts of slots already made (the fused capture's)
+            self._owner += into
+            return first
         for target in (into if into is not None else [None] * len(counts)):
             self._owner.append(self._slots if target is None else target)
             self._slots += target is None

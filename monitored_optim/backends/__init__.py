@@ -51,6 +51,10 @@ _WRITERS = itertools.count()
 """Numbers the event files of one process: two writers in one logdir never share a file."""
 
 
+GROUPED = ("tensorboard", "wandb")
+"""The backends that get a logging step over the tag budget grouped by depth (dashboards)."""
+
+
 class Fanout:
     """The backends of one monitor: opened at the first ``log``, each guarded against failure.
 
@@ -72,17 +76,22 @@ class Fanout:
         self.sinks = {_sink_name(sink, i): sink for i, sink in enumerate(sinks)}
         self._open: dict[str, Backend] | None = None
 
-    def log(self, metrics: dict[str, float], step: int, compact: dict[str, float] | None = None) -> None:
+    def log(self, metrics: dict[str, float], step: int,
+            compact: Callable[[], dict[str, float]] | None = None) -> None:
         """Send ``metrics`` at ``step`` to every working backend, opening them the first time.
 
-        ``compact``, when given, goes to TensorBoard and W&B instead (the figures grouped by depth,
-        for a step over the tag budget); ``metrics.jsonl`` always gets ``metrics``."""
+        ``compact``, when given, makes what goes to TensorBoard and W&B instead (the figures grouped
+        by depth, for a step over the tag budget), called once and only where one of them is open;
+        ``metrics.jsonl`` and the user's sinks always get ``metrics``."""
         if self._open is None:
             opened = {name: self._guard(name, open_backend, name, self.logdir) for name in self.names}
             self._open = {name: backend for name, backend in opened.items() if backend is not _FAILED}
             self._open.update({name: _Sink(sink) for name, sink in self.sinks.items()})
+        grouped = None
         for name, backend in list(self._open.items()):
-            sent = metrics if compact is None or name not in ("tensorboard", "wandb") else compact
+            sent = metrics
+            if compact is not None and name in GROUPED:
+                grouped = sent = grouped if grouped is not None else compact()
             if self._guard(name, backend.log, sent, step) is _FAILED:
                 del self._open[name]
                 try:
