@@ -81,6 +81,11 @@ class _Entry:
 
 
     @property
+    def whole(self) -> Tensor:
+        """The whole parameter this entry is (a part of)."""
+        return self.p if self.part is None else self.part.whole
+
+    @property
     def owner(self) -> _Entry:
         """The entry that holds this part's slots and pieces."""
         return self if self.lead is None else self.lead
@@ -317,11 +322,10 @@ class Monitor:
             reason = capture.snapshot_reason(p, id(p) in shared, name in self._risky)
             kind = self._fusable(ways[id(group)], p, reason) if fuse else None
             if kind is not None:  # whole, its sums taken after the step
-                part = capture.Part(p, optimizer.state.get(p, {}), p)
                 if kind == "rebuilt":
-                    e = self._entry(name, group, part, None, None, True)
-                else:
-                    e = _Entry(name, group, p, None, part, fused=True)
+                    e = self._entry(name, group, capture.Part(p, optimizer.state.get(p, {}), p), None, None, True)
+                else:  # copied: the view is not run, so no part
+                    e = _Entry(name, group, p, None, fused=True)
                     (small if kind == "flat" else copies).append(e)
                 entries.append(e)
                 continue
@@ -460,7 +464,7 @@ class Monitor:
         if self._families:
             step = families.Step(self.step, [e.name for e in entries], table, [got for got, _ in hosted],
                                  [group_lr.get(id(e.group)) for e in entries],
-                                 [e.part.whole.shape for e in entries], figures)
+                                 [e.whole.shape for e in entries], figures)
             for fam in self._families:
                 figures.update(fam.figures(step))
         chosen = self.settings.figures
@@ -616,7 +620,7 @@ class Monitor:
             from .describe import write_shapes
 
             write_shapes(self.settings.logdir / "params.json", self.settings.prefix,
-                         [(e.name, e.part.whole, e.p.dtype) for e in entries])
+                         [(e.name, e.whole, e.p.dtype) for e in entries])
 
     def _log(self, figures: dict[str, float]) -> None:
         prefix = self.settings.prefix
@@ -769,7 +773,7 @@ def _hosted(entries: list[_Entry], pairs: list[list[float] | None], values: list
         got = {kind: pairs[slot] for kind, slot in e.slots.items() if pairs[slot] is not None}
         for key in e.pieces:
             got[key] = next(values)
-        out.append((got, stats.count(e.part.whole)))
+        out.append((got, stats.count(e.whole)))
     return out
 
 
@@ -791,8 +795,8 @@ def _health_records(entries: list[_Entry], hosted: list[tuple[dict[str, list[flo
     records = []
     for e, (got, n), ok, still in zip(entries, hosted, finite, zero_update):
         has_grad = "grad" in got
-        bad = tuple(label for label, fine, present in zip(("value", "grad", "update"), ok, (True, has_grad, True))
-                    if present and not fine)
+        bad = () if all(ok) else tuple(label for label, fine, present in zip(("value", "grad", "update"), ok,
+                                                                             (True, has_grad, True)) if present and not fine)
         records.append(ParamHealth(e.name, has_grad, has_grad and still and n > 0, bad))  # empty: nothing to change
     return records
 

@@ -13,6 +13,7 @@ combine as power sums (Chan, Golub & LeVeque 1979), which is what sharded traini
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -217,7 +218,7 @@ class Batch:
         for key, (rows, idx) in self._rows(counts).items():
             per_device.setdefault(key[0], []).append((rows, idx))
         tables: dict[torch.device, Tensor] = {}
-        where: list[tuple[torch.device, int] | None] = [None] * self._slots
+        order: dict[torch.device, list[int]] = {}
         owners = torch.tensor(self._owner)
         for device, chunks in per_device.items():
             rows = torch.cat([r for r, _ in chunks])
@@ -231,9 +232,8 @@ class Batch:
                                zeros.index_add(0, owner, n * rows[:, 0]) / total)
             m2 = zeros.index_add(0, owner, rows[:, 1] + n * (rows[:, 0] - mean[owner]).square())
             tables[device] = torch.stack([mean, m2], 1)
-            for j, slot in enumerate(slots.tolist()):
-                where[slot] = (device, j)
-        return Moments(tables, where)
+            order[device] = slots.tolist()
+        return Moments(tables, order, self._slots)
 
     def _reserve(self, key: tuple[torch.device, int], k: int) -> int:
         """Room for ``k`` more rows of sums in the store of ``key`` (device, width); their first index.
@@ -286,15 +286,22 @@ class Batch:
 @dataclass(frozen=True)
 class Moments:
     """``(mean, m2)`` of the slots of a finished :class:`Batch`: ``tables[device]``, float64 of shape
-    ``(S_d, 2)``, and per slot ``where[slot]``, its ``(device, row)`` (None: no rows)."""
+    ``(S_d, 2)``, whose row j is slot ``order[device][j]``, of ``slots`` slots in all (a slot in no
+    table has no rows)."""
 
     tables: dict[torch.device, Tensor]
-    where: list[tuple[torch.device, int] | None]
+    order: dict[torch.device, list[int]]
+    slots: int
 
     def __getitem__(self, slot: int) -> Tensor | None:
         """The row of ``slot``, a float64 tensor of shape ``(2,)`` on its device, or None."""
-        at = self.where[slot]
+        at = self._where.get(slot)
         return None if at is None else self.tables[at[0]][at[1]]
+
+    @functools.cached_property
+    def _where(self) -> dict[int, tuple[torch.device, int]]:
+        """Slot -> ``(device, row)``, built at the first :meth:`__getitem__` (the sharded path's)."""
+        return {slot: (device, j) for device, held in self.order.items() for j, slot in enumerate(held)}
 
     def host(self, extra: list[Tensor]) -> tuple[list[list[float] | None], list[list[float]]]:
         """Every slot's ``[mean, m2]`` and each of ``extra`` (1-D float64 device tensors) on the host,
@@ -304,21 +311,17 @@ class Moments:
             ``(rows, values)``: per slot its pair (None where it has no rows), and ``extra[i].tolist()``
             for each i.
         """
-        flat: dict[torch.device, list[float]] = {}
-        devices = set(self.tables) | {x.device for x in extra}
-        for device in devices:
-            parts = ([self.tables[device].reshape(-1)] if device in self.tables else []) \
-                + [x.reshape(-1) for x in extra if x.device == device]
-            flat[device] = torch.cat(parts).cpu().tolist()
-        rows: list[list[float] | None] = []
-        for at in self.where:
-            rows.append(None if at is None else flat[at[0]][2 * at[1]:2 * at[1] + 2])
-        start = {d: 2 * len(t) for d, t in self.tables.items()}
-        values = []
-        for x in extra:
-            k = start.get(x.device, 0)
-            values.append(flat[x.device][k:k + x.numel()])
-            start[x.device] = k + x.numel()
+        rows: list[list[float] | None] = [None] * self.slots
+        values: list[list[float]] = [[] for _ in extra]
+        for device in set(self.tables) | {x.device for x in extra}:
+            mine = [i for i, x in enumerate(extra) if x.device == device]
+            table = self.tables.get(device, torch.zeros((0, 2), dtype=torch.float64, device=device))
+            flat = torch.cat([table.reshape(-1), *(extra[i].reshape(-1) for i in mine)]).cpu()
+            for slot, pair in zip(self.order.get(device, []), flat[:table.numel()].view(-1, 2).tolist()):
+                rows[slot] = pair
+            rest, k = flat[table.numel():].tolist(), 0
+            for i in mine:
+                values[i], k = rest[k:k + extra[i].numel()], k + extra[i].numel()
         return rows, values
 
 
