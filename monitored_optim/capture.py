@@ -378,8 +378,12 @@ def _is_one(s: float | Tensor) -> bool:
 
 
 def storage_key(p: Tensor) -> int | None:
-    """The data pointer of ``p``'s storage (None for a sparse or meta tensor, which has none to share)."""
-    return None if p.is_sparse or p.device.type == "meta" else p.untyped_storage().data_ptr()
+    """The address of ``p``'s storage (its data pointer less its offset), None for a tensor with none
+    to share: sparse, or without memory (meta, empty)."""
+    if p.layout != torch.strided:
+        return None
+    address = p.data_ptr()
+    return None if address == 0 else address - p.storage_offset() * p.element_size()
 
 
 def shared(params: Iterable[Tensor]) -> set[int]:
