@@ -267,3 +267,28 @@ def test_spike_counts_equal_hampels_identifier_computed_here():
         assert got["health/spikes"] == want, (step, got, want)
         total += want
     assert total > 30, total  # the bound was crossed often enough to tell rules apart
+
+
+@pytest.mark.parametrize("blow_up", ["inf in a grad", "nan in a grad", "huge finite update"])
+def test_a_non_finite_or_overflowing_update_leaves_the_spectral_figure_out(blow_up):
+    """``figures="all"``: a blown-up update gives no ``update_spectral`` for that matrix (instead of
+    a failed eigensolver stopping training), health counts it, and the next steps go on."""
+    torch.manual_seed(0)
+    dtype = torch.float64 if blow_up == "huge finite update" else torch.float32  # float64: its squares overflow
+    model = nn.Linear(32, 32).to(dtype)
+    opt = Monitored(O.SGD)(model.named_parameters(), lr=1e-2, monitor=MonitorConfig(backend="none", figures="all"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the non-finite warning is tested in test_health
+        for step in range(1, 4):
+            opt.zero_grad()
+            model(torch.randn(4, 32, dtype=dtype)).sum().backward()
+            if step == 2:
+                model.weight.grad[0, 0] = {"inf in a grad": math.inf, "nan in a grad": math.nan,
+                                           "huge finite update": 1e300}[blow_up]
+            opt.step()
+            latest = opt.monitor.latest
+            if step == 1:
+                assert latest["update_spectral/weight"] > 0
+            if step == 2:
+                assert "update_spectral/weight" not in latest
+                assert latest["health/nonfinite"] >= 1 or blow_up == "huge finite update"

@@ -20,6 +20,8 @@ learning"); Golub & Van Loan, "Matrix Computations", §8.2 (power iteration).
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import torch
@@ -47,25 +49,26 @@ class Spectral(Family):
             return {}
         cols = whole.numel() // whole.shape[0]
         if span is None:
-            m = u.reshape(whole.shape[0], cols).double()
+            m, bad = _finite(u.reshape(whole.shape[0], cols))
             x = self._vectors(name, cols, m)
             for _ in range(ITERATIONS):
                 y = m @ x
                 x = _orthonormal(m.T @ y)
             self._x[name] = x
-            return {"spectral": _largest(y.T @ y).reshape(1)}
+            return {"spectral": _largest(y.T @ y, bad).reshape(1)}
         if span.start % cols or span.stop % cols:
             self._open[name] = None  # not whole rows: no product of this part alone
             return {}
-        m = u.reshape(-1, cols).double()
+        m, bad = _finite(u.reshape(-1, cols))
         x = self._vectors(name, cols, m)
         y = m @ x
         if name not in self._open:
-            self._open[name] = [torch.zeros_like(x), x.new_zeros(x.shape[1], x.shape[1])]
+            self._open[name] = [torch.zeros_like(x), x.new_zeros(x.shape[1], x.shape[1]), bad]
         held = self._open[name]
         if held is not None:
             held[0] += m.T @ y
             held[1] += y.T @ y
+            held[2] = held[2] | bad
         return {}
 
     def done(self) -> dict[str, dict[str, Tensor]]:
@@ -74,7 +77,7 @@ class Spectral(Family):
         for name, held in self._open.items():
             if held is not None:
                 self._x[name] = _orthonormal(held[0])
-                out[name] = {"spectral": _largest(held[1]).reshape(1)}
+                out[name] = {"spectral": _largest(held[1], held[2]).reshape(1)}
         self._open = {}
         return out
 
@@ -101,6 +104,18 @@ def _orthonormal(z: Tensor) -> Tensor:
     return torch.linalg.qr(z).Q
 
 
-def _largest(gram: Tensor) -> Tensor:
-    """sigma_max of U X from (U X)ᵀ(U X): the square root of its largest eigenvalue."""
-    return torch.linalg.eigvalsh(gram)[-1].clamp(min=0).sqrt()
+def _finite(u: Tensor) -> tuple[Tensor, Tensor]:
+    """``u`` in float64 with its non-finite elements zeroed, and whether it had any (a 0-dim bool on
+    its device: no host read), so that an update that blew up gives no figure instead of a failed
+    eigensolver."""
+    m = u.double()
+    finite = m.isfinite()
+    return torch.where(finite, m, 0.0), ~finite.all()
+
+
+def _largest(gram: Tensor, bad: Tensor) -> Tensor:
+    """sigma_max of U X from (U X)ᵀ(U X): the square root of its largest eigenvalue; NaN where
+    ``bad`` (the update held non-finite values), which the figures then leave out."""
+    finite = gram.isfinite()  # a finite update can still overflow in the products
+    sigma = torch.linalg.eigvalsh(torch.where(finite, gram, 0.0))[-1].clamp(min=0).sqrt()
+    return torch.where(bad | ~finite.all(), math.nan, sigma)
