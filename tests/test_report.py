@@ -20,7 +20,7 @@ import models
 import test_backends
 from monitored_optim import Monitored, MonitorConfig
 from monitored_optim.__main__ import main
-from monitored_optim.report import Param, ReportError, Run, kind_of, load_run, plot_run, summarize
+from monitored_optim.report import Param, ReportError, Run, kind_of, load_run, parameters, plot_run, summarize
 
 PARAMS = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "unused.weight", "unused.bias"]
 EXPECTED = "expected a run directory with metrics.jsonl or TensorBoard event files"
@@ -247,7 +247,7 @@ def test_corrupt_jsonl_fails_with_one_line(tmp_path):
 @pytest.mark.parametrize("content, words", [
     ("", ["no logged steps"]),
     ('{"step": "one"}\n', ['"step" is']),
-    ('{"step": 1}\n', ["no figures"]),
+    ('{"step": 1}\n', ["no monitored_optim figures"]),
     ('[1, 2]\n', ["not an object"]),
     ('{"step": 1, "global/grad_norm": "big"}\n', ["not a number"]),
 ])
@@ -391,3 +391,38 @@ def test_a_logdir_shared_with_a_trainers_logger(tmp_path):
     assert max(map(len, lines)) <= 80
     parent = cli("report", ".", cwd=tmp_path)  # two levels above the run
     assert parent.returncode == 1 and "runs found in subdirectories: lit/version_0;" in parent.stderr, parent.stderr
+
+
+def test_a_logdir_with_only_another_writers_tags_fails_with_one_line(tmp_path, capsys):
+    from tensorboardX import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path))
+    for step in range(5):
+        writer.add_scalar("train/loss", 1.0 / (step + 1), step)
+    writer.close()
+    assert main(["report", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no monitored_optim figures" in err and "'train/loss'" in err, err
+
+
+def test_a_tensorboard_run_over_the_tag_budget_reads_as_depth_groups(tmp_path):
+    """TensorBoard got each group's min, median, max, argmin and argmax over depth: the report shows
+    one row per group from its median (the layer indices are no ratios), equal to the median of the
+    per-layer figures that ``metrics.jsonl`` kept."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(8)])
+    opt = Monitored(torch.optim.AdamW)(model.named_parameters(), lr=1e-2, monitor=MonitorConfig(
+        backend="tensorboard,jsonl", logdir=tmp_path / "run", tag_budget=70))  # 8 layers: 90 tags, 60 grouped
+    for _ in range(4):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+    opt.monitor.close()
+    (tmp_path / "run" / "metrics.jsonl").rename(tmp_path / "kept.jsonl")
+    run = load_run(tmp_path / "run")
+    assert [p.name for p in parameters(run)] == ["*.weight", "*.bias"]
+    last = json.loads((tmp_path / "kept.jsonl").read_text().splitlines()[-1])
+    median = statistics.median(last[f"update_to_data/{i}.weight"] for i in range(8))
+    assert run.values("update_to_data/*.weight")[4] == pytest.approx(median, rel=1e-6)
+    out = cli("report", "run", cwd=tmp_path)
+    assert out.returncode == 0 and "argmin" not in out.stdout and " *.weight " in out.stdout, out.stdout

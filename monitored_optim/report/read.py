@@ -110,7 +110,8 @@ def load_run(run_dir: str | Path) -> Run:
         raise ReportError(f"{path}: found no metrics.jsonl and no TensorBoard event files; "
                           f"expected {EXPECTED}{_hint_subdirectories(path)}")
     if not run.steps:
-        raise ReportError(f"{where}: no figures in the {run.source} log; expected {EXPECTED}")
+        other = f" (only other writers' tags, such as {next(iter(run.series))!r})" if run.series else ""
+        raise ReportError(f"{where}: no monitored_optim figures in the {run.source} log{other}; expected {EXPECTED}")
     run.kinds = _read_kinds(path / "params.json")
     return run
 
@@ -223,9 +224,31 @@ def _assemble(run_dir: Path, source: str, records: list[tuple[int, dict[str, flo
                     del points[old]
             if math.isfinite(value):
                 points[step] = value
-    ours = [points for tag, points in series.items() if split_tag(tag) is not None] or list(series.values())
-    steps = sorted({step for points in ours for step in points})  # a trainer's tags in the same logdir aside
+    series = _depth_medians(series)
+    steps = sorted({step for tag, points in series.items() if split_tag(tag) is not None
+                    for step in points})  # a trainer's tags in the same logdir aside
     return Run(run_dir, source, steps, {tag: list(points.items()) for tag, points in series.items() if points})
+
+
+GROUP_STATS = ("min", "median", "max", "argmin", "argmax")
+"""The suffixes of a depth group's tags (``monitored_optim.grouping.summarize``, a logging step over
+the tag budget as TensorBoard got it)."""
+
+
+def _depth_medians(series: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
+    """``series`` with each depth group read as one parameter: ``update_to_data/h.*.w/median`` becomes
+    ``update_to_data/h.*.w`` (the median over depth), and the group's other summaries (its min, max
+    and their layer indices, which are no ratios) are left out."""
+    out = {}
+    for tag, points in series.items():
+        parsed = split_tag(tag)
+        name, _, stat = parsed[2].rpartition("/") if parsed else ("", "", "")
+        if parsed and parsed[1] in PER_PARAMETER and "*" in name and stat in GROUP_STATS:
+            if stat == "median":
+                out[tag[:-len("/median")]] = points
+            continue
+        out[tag] = points
+    return out
 
 
 def _reason(exc: BaseException) -> str:
