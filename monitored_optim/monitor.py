@@ -803,13 +803,17 @@ def _health_records(entries: list[_Entry], hosted: list[tuple[dict[str, list[flo
 
 def _group_lrs(optimizer: torch.optim.Optimizer) -> list[float | None]:
     """Each param group's lr as a float (None where it is neither a number nor a Tensor); Tensor lrs
-    are read in one batch, not a host read per group."""
+    are read with one copy per device, not a host read per group."""
     values = [group.get("lr") if isinstance(group.get("lr"), (int, float, Tensor)) else None
               for group in optimizer.param_groups]
-    tensors = [v for v in values if isinstance(v, Tensor)]
-    if tensors:
-        read = iter(torch.stack([t.detach().reshape(()).double().cpu() for t in tensors]).tolist())
-        values = [next(read) if isinstance(v, Tensor) else v for v in values]
+    by_device: dict[torch.device, list[int]] = {}
+    for i, v in enumerate(values):
+        if isinstance(v, Tensor):
+            by_device.setdefault(v.device, []).append(i)
+    for held in by_device.values():
+        read = torch.stack([values[i].detach().reshape(()).double() for i in held]).cpu().tolist()
+        for i, v in zip(held, read):
+            values[i] = v
     return [None if v is None else float(v) for v in values]
 
 
