@@ -80,6 +80,7 @@ def main() -> None:
         print(ratio_table([opt.monitor.latest], {n for n, p in net.named_parameters() if p.dim() >= 2}))
         print(health_summary(opt.monitor.latest))
         print(where_logged(opt.monitor.settings))
+    dist.barrier()  # no rank tears its process group down while another still prints or talks to it
     dist.destroy_process_group()
 
 
