@@ -257,6 +257,11 @@ class Workspace:
         return buf[start:start + n].view(like.shape)
 
 
+def _minus(a: Tensor, b: Tensor, work: Workspace | None) -> Tensor:
+    """``a - b`` as a new tensor, or into ``work``'s :meth:`~Workspace.next`."""
+    return a - b if work is None else torch.sub(a, b, out=work.next(a))
+
+
 def _dense_into(d: Scaled, work: Workspace | None) -> Tensor:
     """``d.dense()``, into ``work``'s :meth:`~Workspace.one` where its result has the tensor's dtype."""
     t = d.tensor
@@ -325,7 +330,7 @@ def stored_change(p: Tensor, intended: Tensor | Scaled | Stores | None, before: 
     p_b = real(after)
     for k, d in enumerate(reversed(adds)):  # one rounding in p's dtype each: the nearest value to p - d
         d = real(d.to(after.dtype))
-        p_b = (p_b - d if work is None else torch.sub(p_b, d, out=work.next(p_b))) if k == 0 else p_b.sub_(d)
+        p_b = p_b.sub_(d) if k else _minus(p_b, d, work)  # the first makes the copy, the others go into it
     if not _is_one(s):
         p_b = p_b / (s.to(p_b.dtype) if isinstance(s, Tensor) else s)
     if extremes is not None:  # weight 1 gives exactly the constant, weight 0 p_b itself

@@ -79,7 +79,6 @@ class _Entry:
     fused: bool = False
     flat: _Flat | None = None
 
-
     @property
     def whole(self) -> Tensor:
         """The whole parameter this entry is (a part of)."""
@@ -442,13 +441,16 @@ class Monitor:
                 for key, value in pieces.items():
                     _accumulate(by_name[name], key, value)
         self._describe(entries)
-        if sharding is None:  # one host copy per device of the moments and every other piece
-            pairs, extra = rows.host([piece for e in entries for piece in e.pieces.values()])
-            hosted = _hosted(entries, pairs, extra)
-        else:  # whole-parameter values and counts: one all_reduce, one host copy
+        tensor_lrs = _tensor_lrs(optimizer)
+        if sharding is None:  # one host copy per device of the moments, every other piece and Tensor lrs
+            pieces = [piece for e in entries for piece in e.pieces.values()]
+            pairs, extra = rows.host(pieces + list(tensor_lrs.values()))
+            hosted, read = _hosted(entries, pairs, extra[:len(pieces)]), extra[len(pieces):]
+        else:  # whole-parameter values and counts: one all_reduce, one host copy (and one for Tensor lrs)
             for e in entries:
                 e.pieces.update({kind: rows[slot] for kind, slot in e.slots.items() if rows[slot] is not None})
             hosted = sharding.reduce(entries)
+            read = stats.Moments({}, {}, 0).host(list(tensor_lrs.values()))[1]
         table = _moment_table(entries, hosted)
         norm = table.norm
         figures = self._parameter_figures(entries, hosted, table, norm)
@@ -456,7 +458,7 @@ class Monitor:
         figures.update({f"global/{kind}_norm": math.sqrt(v) for kind, v in zip(("param", "grad", "update"), sq_norms)})
         errors = [_verify_error(e, *got["verify"], told=self._verify_told)
                   for e, (got, _) in zip(entries, hosted) if "verify" in got]
-        lrs = _group_lrs(optimizer)
+        lrs = _group_lrs(optimizer, dict(zip(tensor_lrs, read)))
         figures.update(_learning_rates(optimizer, lrs))
         group_lr = {id(group): lr for group, lr in zip(optimizer.param_groups, lrs)}
         if "health" in self.settings.figures:  # its counts and warnings need the grads it reduces
@@ -464,7 +466,7 @@ class Monitor:
         if self._families:
             step = families.Step(self.step, [e.name for e in entries], table, [got for got, _ in hosted],
                                  [group_lr.get(id(e.group)) for e in entries],
-                                 [e.whole.shape for e in entries], figures)
+                                 [e.whole.shape for e in entries])
             for fam in self._families:
                 figures.update(fam.figures(step))
         chosen = self.settings.figures
@@ -801,26 +803,29 @@ def _health_records(entries: list[_Entry], hosted: list[tuple[dict[str, list[flo
     return records
 
 
-def _group_lrs(optimizer: torch.optim.Optimizer) -> list[float | None]:
-    """Each param group's lr as a float (None where it is neither a number nor a Tensor); Tensor lrs
-    are read with one copy per device, not a host read per group."""
-    values = [group.get("lr") if isinstance(group.get("lr"), (int, float, Tensor)) else None
-              for group in optimizer.param_groups]
-    by_device: dict[torch.device, list[int]] = {}
-    for i, v in enumerate(values):
-        if isinstance(v, Tensor):
-            by_device.setdefault(v.device, []).append(i)
-    for held in by_device.values():
-        read = torch.stack([values[i].detach().reshape(()).double() for i in held]).cpu().tolist()
-        for i, v in zip(held, read):
-            values[i] = v
-    return [None if v is None else float(v) for v in values]
+def _tensor_lrs(optimizer: torch.optim.Optimizer) -> dict[int, Tensor]:
+    """Index -> lr of each param group whose lr is a Tensor, as a 1-D float64 tensor of one element
+    on its device, for the logging step's host copy."""
+    return {i: group["lr"].detach().reshape(1).double() for i, group in enumerate(optimizer.param_groups)
+            if isinstance(group.get("lr"), Tensor)}
+
+
+def _group_lrs(optimizer: torch.optim.Optimizer, read: dict[int, list[float]]) -> list[float | None]:
+    """Each param group's lr as a float: a number as it is, a Tensor lr from ``read`` (its
+    :func:`_tensor_lrs` value on the host), None otherwise (``lr=None``)."""
+    return [read[i][0] if i in read else float(group["lr"]) if isinstance(group.get("lr"), (int, float)) else None
+            for i, group in enumerate(optimizer.param_groups)]
 
 
 def _learning_rates(optimizer: torch.optim.Optimizer, lrs: list[float | None]) -> dict[str, float]:
     """``lr/group{i}`` (or ``lr/{name}``) per param group, from its :func:`_group_lrs` ``lrs``."""
-    return {f"lr/{group['name'] if isinstance(group.get('name'), str) else f'group{i}'}": lr
-            for i, (group, lr) in enumerate(zip(optimizer.param_groups, lrs)) if lr is not None}
+    return {f"lr/{_group_label(i, group)}": lr for i, (group, lr) in enumerate(zip(optimizer.param_groups, lrs))
+            if lr is not None}
+
+
+def _group_label(i: int, group: dict[str, Any]) -> str:
+    """A param group's ``name`` where it is a string, else ``group{i}``."""
+    return group["name"] if isinstance(group.get("name"), str) else f"group{i}"
 
 
 def _closure_is_first(optimizer_cls: type) -> bool:

@@ -28,20 +28,32 @@ def batches(steps: int, seed: int = 0):
         yield x, torch.tanh(x @ w)
 
 
-def test_a_spike_injected_into_one_layer_is_named_and_only_it(tmp_path):
-    model = mlp()
-    opt = Monitored(O.AdamW)(model.named_parameters(), lr=1e-3, monitor=MonitorConfig(backend="none", logdir=tmp_path))
+def spike_run(model, opt, steps, change_grads=lambda step: None, sched=None):
+    """``health/spikes`` after each of ``steps`` steps on :func:`batches` (``change_grads(step)`` runs
+    between backward and step), and the messages of the spike warnings."""
     counts = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for step, (x, y) in enumerate(batches(30), start=1):
+        for step, (x, y) in enumerate(batches(steps), start=1):
             opt.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()
-            if step == 20:
-                model[2].weight.grad *= 1e3  # a spike in 2.weight's gradient, nowhere else
+            change_grads(step)
             opt.step()
-            counts.append(opt.monitor.latest["health/spikes"])
-    spikes = [str(w.message) for w in caught if "spike at step" in str(w.message)]
+            if sched is not None:
+                sched.step()
+            counts.append(opt.monitor.latest.get("health/spikes"))
+    return counts, [str(w.message) for w in caught if "spike" in str(w.message)]
+
+
+def test_a_spike_injected_into_one_layer_is_named_and_only_it(tmp_path):
+    model = mlp()
+    opt = Monitored(O.AdamW)(model.named_parameters(), lr=1e-3, monitor=MonitorConfig(backend="none", logdir=tmp_path))
+
+    def spike(step):
+        if step == 20:
+            model[2].weight.grad *= 1e3  # a spike in 2.weight's gradient, nowhere else
+
+    counts, spikes = spike_run(model, opt, 30, spike)
     assert spikes == [spikes[0]] and "spike at step 20 in '2.weight' (grad_norm" in spikes[0], spikes
     assert counts[19] == 1 and sum(counts) == 1, counts
 
@@ -55,21 +67,15 @@ def test_a_learning_rate_change_or_a_fall_is_no_spike(schedule):
     opt = Monitored(O.AdamW)(model.named_parameters(), lr=1e-3, monitor=MonitorConfig(backend="none", every=10))
     factor = {"x0.05 at step 100": lambda k: 0.05 if k >= 99 else 1.0,
               "x100 after a constant warmup": lambda k: 1.0 if k >= 99 else 0.01}.get(schedule, lambda k: 1.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-    counts = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for step, (x, y) in enumerate(batches(150), start=1):
-            opt.zero_grad()
-            nn.functional.mse_loss(model(x), y).backward()
-            if schedule.startswith("grads") and step == 100:
-                for p in model.parameters():
-                    p.grad *= 1e-3
-            opt.step()
-            sched.step()
-            counts.append(opt.monitor.latest.get("health/spikes"))
+
+    def fall(step):
+        if schedule.startswith("grads") and step == 100:
+            for p in model.parameters():
+                p.grad *= 1e-3
+
+    counts, spikes = spike_run(model, opt, 150, fall, torch.optim.lr_scheduler.LambdaLR(opt, factor))
     assert counts[-1] is not None and not any(counts[9::10]), counts[9::10]
-    assert not [w for w in caught if "spike" in str(w.message)]
+    assert not spikes, spikes
 
 
 def train(cls, kwargs, steps, figures="all", model=None):

@@ -40,7 +40,6 @@ class Step:
         pieces: per parameter, the host values of its device pieces (``{key: [floats]}``).
         lrs: per parameter, its group's learning rate as a float (None where it has none).
         shapes: per parameter, its (whole) shape.
-        figures: the core figures already computed (tag -> float, without prefix).
     """
 
     step: int
@@ -49,7 +48,6 @@ class Step:
     pieces: list[dict[str, list[float]]]
     lrs: list[float | None]
     shapes: list[Any]
-    figures: dict[str, float]
 
 
 REGISTRY: dict[str, type] = {"spikes": Spikes, "state": OptimizerState, "spectral": Spectral}
