@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Union
 
 import torch
@@ -391,8 +391,9 @@ def _dense_real(x: Tensor) -> Tensor:
 class MomentTable:
     """Host-side moments of N tensors of K kinds each (a logging step: p, grad, u per parameter).
 
-    Every property is computed for the whole table at once (float64 CPU tensors, a few ops in all
-    instead of a few Python calls per tensor), with ``std = sqrt(m2 / (n - 1))`` (correction=1, as
+    Every property is computed for the whole table at once, and once per table (float64 CPU tensors,
+    a few ops in all instead of a few Python calls per tensor; the table is not changed after it is
+    made), with ``std = sqrt(m2 / (n - 1))`` (correction=1, as
     ``torch.std``) and ``||x||_2 = sqrt(m2 + n * mean^2)``.
 
     Attributes:
@@ -406,8 +407,9 @@ class MomentTable:
     mean: Tensor
     m2: Tensor
     uncentred: Tensor | None = None
+    _ratios: dict[tuple[int, int], Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    @property
+    @functools.cached_property
     def std(self) -> Tensor:
         """Sample standard deviations (correction=1), shape ``(N, K)``; NaN where ``n < 2``, and
         where uncentred sums had a mean too large for their spread (``mean^2 > RELIABLE_BELOW * var``:
@@ -417,34 +419,34 @@ class MomentTable:
             return std
         return torch.where(self.uncentred & (self.mean.square() > RELIABLE_BELOW * self.var), math.nan, std)
 
-    @property
+    @functools.cached_property
     def var(self) -> Tensor:
         """Population variances ``m2 / n``, shape ``(N, K)`` (0 for an empty tensor)."""
         return self.m2 / self.n.clamp(min=1)
 
-    @property
+    @functools.cached_property
     def norm(self) -> Tensor:
         """L2 norms, shape ``(N, K)`` (0 for an empty tensor)."""
         return self.sq_norm.sqrt()
 
-    @property
+    @functools.cached_property
     def sq_norm(self) -> Tensor:
         """Squared L2 norms ``m2 + n * mean^2``, shape ``(N, K)`` (0 for an empty tensor)."""
         return torch.where(self.n > 0, self.m2.clamp(min=0) + self.n * self.mean.square(), 0.0)
 
-    @property
+    @functools.cached_property
     def finite(self) -> Tensor:
         """Bool ``(N, K)``: mean and m2 finite (False iff some element was NaN or Inf)."""
         return self.mean.isfinite() & self.m2.isfinite()
 
-    @property
+    @functools.cached_property
     def all_zero(self) -> Tensor:
         """Bool ``(N, K)``: every element exactly zero. The sums run in float32, so tensors whose
         every element is below about 1e-19 in magnitude (squares under float32's smallest normal)
         also read as zero; no optimizer step is that small in practice."""
         return (self.mean == 0) & (self.m2 == 0)
 
-    @property
+    @functools.cached_property
     def needs_centring(self) -> Tensor:
         """Bool ``(N, K)``: take the centred pass next time (``mean^2 > CENTRE_ABOVE * var``, see
         :func:`_centred`); True for undefined or non-finite moments and for zero spread (a
@@ -455,7 +457,13 @@ class MomentTable:
 
     def log10_ratio(self, num: int, den: int) -> Tensor:
         """``log10(std[:, num] / std[:, den])``, shape ``(N,)``; NaN where either std is zero,
-        undefined or not finite (such a ratio is not logged)."""
+        undefined or not finite (such a ratio is not logged). Computed once per pair of kinds."""
+        ratio = self._ratios.get((num, den))
+        if ratio is None:
+            ratio = self._ratios[num, den] = self._log10_ratio(num, den)
+        return ratio
+
+    def _log10_ratio(self, num: int, den: int) -> Tensor:
         std = self.std
         a, b = std[:, num], std[:, den]
         ok = a.isfinite() & b.isfinite() & (a > 0) & (b > 0)
