@@ -197,7 +197,7 @@ def verdict(value, target, impossible=False, bound=None):
     if value <= target:
         return "met"
     if bound is not None and bound[0] > target:
-        return f"impossible here ({bound[1]} alone {bound[0]:.2f})"
+        return f"impossible here ({bound[1]} alone {bound[0]:.3f})"
     return "NOT met"
 
 
@@ -244,7 +244,7 @@ def bench(name, cls, kwargs, rounds, device):
         print(f"{m:<15} {ratio[m]['step']:>13.3f} {ratio[m]['iter']:>18.3f} {mem:>18}")
     loaded = ratio["floor"]["step"] < NOISE  # the floor does more than plain: it cannot be faster
     least = bounds(ratio, med)
-    checks = [f"{m} {k} {ratio[m][k]:.2f} <= {t} {verdict(ratio[m][k], t, ratio[m][k] < NOISE or loaded, least[m, k])}"
+    checks = [f"{m} {k} {ratio[m][k]:.3f} <= {t} {verdict(ratio[m][k], t, ratio[m][k] < NOISE or loaded, least[m, k])}"
               for (m, k), t in TARGETS.items()]
     vs_clone = med["fused every=1"]["step"] / med["clone-diff"]["step"]
     kernels_vs_clone = (least["fused every=1", "step"][0] / ratio["clone-diff"]["step"], least["fused every=1", "step"][1])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Union
@@ -133,10 +134,10 @@ class Batch:
 
     def __init__(self, work: Workspace | None = None) -> None:
         self.work = work  # where the centred pass's temporaries go (the monitor's logging steps), or None
-        self._counts: list[int] = []
-        self._owner: list[int] = []
+        self._counts = array("q")  # per row added: its element count, and the slot it belongs to
+        self._owner = array("q")  # (machine integers: a logging step's thousands turn into tensors at once)
         self._slots = 0
-        self._parts: dict[tuple[torch.device, int], list[tuple[list[int], Tensor | None]]] = {}
+        self._parts: dict[tuple[torch.device, int], list[tuple[Sequence[int], Tensor | None]]] = {}
         self._store: dict[tuple[torch.device, int], Tensor] = {}
         self._used: dict[tuple[torch.device, int], int] = {}
 
@@ -170,7 +171,7 @@ class Batch:
                 table = torch.stack([torch.stack([d.sum() for d in dense]), _norms(dense)], 1)
             f = None if factors is None else _pick(factors, idx, len(xs)).to(device)
             self._place(table, [first + i for i in idx], f)
-        return self._owner[first:]
+        return self._owner[first:].tolist()
 
     def put(self, rows: Tensor, counts: Sequence[int], into: Sequence[int]) -> None:
         """Add rows of shifted sums computed elsewhere (the fused capture, ``fused.shifted_rows``).
@@ -182,21 +183,21 @@ class Batch:
             into: the k slots (from :meth:`slot`) the rows are parts of.
         """
         first = self._enter(list(counts), into)
-        self._place(rows, list(range(first, first + len(counts))), None)
+        self._place(rows, range(first, first + len(counts)), None)
 
     def _enter(self, counts: list[int], into: Sequence[int | None] | None) -> int:
         """Record the counts of new rows and their slots (a new one per None); the first row's index."""
         first = len(self._counts)
-        self._counts += counts
+        self._counts.extend(counts)
         if into is not None and None not in into:  # parts of slots already made (the fused capture's)
-            self._owner += into
+            self._owner.extend(into)
             return first
         for target in (into if into is not None else [None] * len(counts)):
             self._owner.append(self._slots if target is None else target)
             self._slots += target is None
         return first
 
-    def _place(self, table: Tensor, rows: list[int], factors: Tensor | None) -> None:
+    def _place(self, table: Tensor, rows: Sequence[int], factors: Tensor | None) -> None:
         """Copy a small table of sums (one row per entry of ``rows``) into the store of its device and width."""
         key = (table.device, table.shape[1])
         start = self._reserve(key, len(rows))
@@ -214,15 +215,15 @@ class Batch:
         slot of one part keeps its row exactly).
         """
         per_device: dict[torch.device, list[tuple[Tensor, list[int]]]] = {}
-        counts = torch.tensor(self._counts, dtype=torch.float64)
+        counts = _int64(self._counts).double()
         for key, (rows, idx) in self._rows(counts).items():
             per_device.setdefault(key[0], []).append((rows, idx))
         tables: dict[torch.device, Tensor] = {}
         order: dict[torch.device, list[int]] = {}
-        owners = torch.tensor(self._owner)
+        owners = _int64(self._owner)
         for device, chunks in per_device.items():
             rows = torch.cat([r for r, _ in chunks])
-            idx = torch.tensor([i for _, ids in chunks for i in ids])
+            idx = torch.cat([ids for _, ids in chunks])
             slots, owner = torch.unique(owners[idx], return_inverse=True)
             owner, n = owner.to(device), counts[idx].to(device)
             zeros = rows.new_zeros(len(slots))
@@ -264,13 +265,14 @@ class Batch:
         self._slots += k
         return range(self._slots - k, self._slots)
 
-    def _rows(self, counts: Tensor) -> dict[tuple[torch.device, int], tuple[Tensor, list[int]]]:
+    def _rows(self, counts: Tensor) -> dict[tuple[torch.device, int], tuple[Tensor, Tensor]]:
         """Per store (device, width): ``(mean, m2)`` of every tensor added there, shape ``(R, 2)``
-        float64, and the indices of those tensors (in :meth:`add` order); ``counts``: the element
-        count of every tensor added, float64 on the host."""
+        float64, and the indices of those tensors (in :meth:`add` order, int64 ``(R,)`` on the
+        host); ``counts``: the element count of every tensor added, float64 on the host."""
         out = {}
         for (device, width), parts in self._parts.items():
-            slots = [s for part, _ in parts for s in part]
+            slots = torch.cat([torch.arange(part.start, part.stop) if isinstance(part, range)
+                               else torch.tensor(part, dtype=torch.long) for part, _ in parts])
             table = self._store[(device, width)][:self._used[(device, width)]]
             n = counts[slots].clamp(min=1).to(device)
             shift, total, norm = table.unbind(1) if width == 3 else (torch.zeros_like(n), *table.unbind(1))
@@ -323,6 +325,11 @@ class Moments:
             for i in mine:
                 values[i], k = rest[k:k + extra[i].numel()], k + extra[i].numel()
         return rows, values
+
+
+def _int64(values: array) -> Tensor:
+    """A copy of an ``array("q")`` as an int64 CPU tensor of shape ``(len(values),)``."""
+    return torch.frombuffer(values, dtype=torch.int64).clone() if values else torch.zeros(0, dtype=torch.int64)
 
 
 def _norms(dense: list[Tensor]) -> Tensor:
