@@ -24,7 +24,8 @@ logging step in ten), the extra peak memory of one logging step as a fraction of
 (the profiler's allocation events, ``benchmarks/memory.py``'s ``allocated_peak``), then one logging step on a model of 2,000 small tensors, and each of
 the issue's targets as met, NOT met, impossible here (``fused kernels`` alone, or ``floor``, already
 costs more than the target allows) or noise (a ratio that load on the machine made impossible: a
-mode that does more than plain measured faster than it). ``--quick`` runs 3 rounds.
+mode that does more than plain measured faster than it, or an iteration less than half its step's
+extra time above plain's). ``--quick`` runs 3 rounds.
 """
 
 from __future__ import annotations
@@ -97,28 +98,36 @@ def read_once_hook(opt):
 
 
 def fused_kernels_hooks(opt):
-    """The fused capture's tensor work alone, with none of its bookkeeping: before the step the flat
-    copy of the small parameters and ``fused.prior`` of the others, after it the view's fused form,
-    ``fused.inverted`` and ``fused.flat``, all compiled as the fused capture compiles them (one param
-    group). What is left of a fused logging step above this is Python per parameter."""
-    fuser, view, group = Fuser("on"), view_for(type(opt)), opt.param_groups[0]
-    large = [p for p in group["params"] if p.numel() > fused.SMALL]
+    """The fused capture's tensor work alone, with none of its bookkeeping, in the fused capture's
+    chunks (one param group, device and dtype, as in this benchmark's models): before the step each
+    flat chunk's copy of the small parameters (``fused.flat_chunks``) and ``fused.prior`` of each
+    chunk of up to ``fused.CHUNK`` large ones of one rank; after it, per chunk, the view's fused form
+    and ``fused.inverted``, and per flat chunk its flattens and ``fused.flat``; compiled as the fused
+    capture compiles them. What a fused logging step costs above this is Python per parameter."""
+    fuser, view, (group,) = Fuser("on"), view_for(type(opt)), opt.param_groups
+    ranks = {}
+    for p in group["params"]:
+        if p.numel() > fused.SMALL:
+            ranks.setdefault(p.dim(), []).append(p)
+    chunks = [ps[i:i + fused.CHUNK] for ps in ranks.values() for i in range(0, len(ps), fused.CHUNK)]
     small = [p for p in group["params"] if p.numel() <= fused.SMALL]
-    lengths = torch.tensor([p.numel() for p in small])
+    flats = [small[span.start:span.stop] for span in fused.flat_chunks([p.numel() for p in small])]
+    lengths = [torch.tensor([p.numel() for p in ps], device=ps[0].device) for ps in flats]
     held = {}
 
     @torch.no_grad()
     def pre(o, args, kwargs):
-        held["before"] = _flatten_dense_tensors(small)
-        held["prior"] = fuser(fused.prior, large, device=large[0].device)
+        held["before"] = [fused.flat_copy(ps) for ps in flats]
+        held["prior"] = [fuser(fused.prior, ps, device=ps[0].device) for ps in chunks]
 
     @torch.no_grad()
     def post(o, args, kwargs):
-        form = view.fused(group, large, [o.state[p] for p in large])
-        if form is not None:  # the first step creates the state
-            fuser(fused.inverted, *form, held["prior"][:, :2], large, [p.grad for p in large], device=large[0].device)
-        fused.flat(held["before"], _flatten_dense_tensors(small), _flatten_dense_tensors([p.grad for p in small]),
-                   lengths)
+        for ps, prior in zip(chunks, held["prior"]):
+            form = view.fused(group, ps, [o.state[p] for p in ps])
+            if form is not None:  # the first step creates the state
+                fuser(fused.inverted, *form, prior[:, :2].contiguous(), ps, [p.grad for p in ps], device=ps[0].device)
+        for ps, before, n in zip(flats, held["before"], lengths):
+            fused.flat(before, _flatten_dense_tensors(ps), _flatten_dense_tensors([p.grad for p in ps]), n)
 
     opt.register_step_pre_hook(pre)
     opt.register_step_post_hook(post)
@@ -201,15 +210,22 @@ def verdict(value, target, impossible=False, bound=None):
     return "NOT met"
 
 
-def bounds(ratio, med):
-    """The least each target's mode can cost: the fused modes at least the fused capture's tensor work
-    (``fused kernels``; at every=10 one step in ten; over an iteration its step time added to the
-    plain iteration), every mode at least the ``floor``. Keyed as :data:`TARGETS`, ``(ratio, what)``."""
+def drifted(med, mode):
+    """Whether ``mode``'s iterations came out less than half its step's extra time above plain's: the
+    forward and backward passes are the same work in every mode, so only drift of the machine
+    between their timings can hide the step's cost from the iteration's."""
+    extra_step = med[mode]["step"] - med["plain"]["step"]
+    return med[mode]["iter"] - med["plain"]["iter"] < extra_step / 2
+
+
+def bounds(ratio):
+    """The least each step target's mode can cost: the fused modes at least the fused capture's tensor
+    work (``fused kernels``; at every=10 one step in ten), every mode at least the ``floor``. Keyed
+    as :data:`TARGETS`, ``(ratio, what)``. The iteration target has none: the tensor work's share of
+    an iteration is within this machine's run-to-run noise of it."""
     kernels, floor = ratio["fused kernels"]["step"], ratio["floor"]["step"]
-    share = med["plain"]["step"] / med["plain"]["iter"]  # the step's share of a plain iteration
     fused_step = max((kernels, "fused kernels"), (floor, "floor"))
     return {("fused every=1", "step"): fused_step,
-            ("fused every=1", "iter"): (1 + (fused_step[0] - 1) * share, fused_step[1]),
             ("fused every=10", "step"): (1 + (fused_step[0] - 1) / 10, fused_step[1]),
             ("eager every=1", "step"): (floor, "floor")}
 
@@ -234,17 +250,19 @@ def bench(name, cls, kwargs, rounds, device):
                 rounds_of[m][k].append(statistics.mean(v))
     med = {m: {k: statistics.median(v) for k, v in t.items()} for m, t in rounds_of.items()}
     ratio = {m: {k: med[m][k] / med["plain"][k] for k in ("step", "iter")} for m in MODES}
-    memory = extra_peak_fraction(cls, kwargs, device, ("clone-diff", "eager every=1", "fused every=1"))
+    memory = extra_peak_fraction(cls, kwargs, device, ("floor", "fused kernels", "clone-diff", "eager every=1",
+                                                        "fused every=1"))
     tensors = sum(1 for _ in runs["plain"][0].parameters())
     print(f"\n{name}: {tensors} parameter tensors, plain step {med['plain']['step'] * 1e3:.2f} ms, "
           f"iteration {med['plain']['iter'] * 1e3:.2f} ms; first fused logging step {compile_s:.1f} s (compile)")
     print(f"{'mode':<15} {'step / plain':>13} {'iteration / plain':>18} {'extra peak memory':>18}")
     for m in MODES:
-        mem = f"{memory[m]:.1%}" if m in memory else ("as fused every=1" if m == "fused every=10" else "0")
+        mem = f"{memory[m]:.1%}" if m in memory else ("as fused every=1" if m == "fused every=10" else "0")  # plain: nothing extra
         print(f"{m:<15} {ratio[m]['step']:>13.3f} {ratio[m]['iter']:>18.3f} {mem:>18}")
     loaded = ratio["floor"]["step"] < NOISE  # the floor does more than plain: it cannot be faster
-    least = bounds(ratio, med)
-    checks = [f"{m} {k} {ratio[m][k]:.3f} <= {t} {verdict(ratio[m][k], t, ratio[m][k] < NOISE or loaded, least[m, k])}"
+    least = bounds(ratio)
+    noise = {(m, k): ratio[m][k] < NOISE or loaded or (k == "iter" and drifted(med, m)) for m, k in TARGETS}
+    checks = [f"{m} {k} {ratio[m][k]:.3f} <= {t} {verdict(ratio[m][k], t, noise[m, k], least.get((m, k)))}"
               for (m, k), t in TARGETS.items()]
     vs_clone = med["fused every=1"]["step"] / med["clone-diff"]["step"]
     kernels_vs_clone = (least["fused every=1", "step"][0] / ratio["clone-diff"]["step"], least["fused every=1", "step"][1])

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch._utils import _flatten_dense_tensors
 
 from ._warnings import warn
 
@@ -59,6 +60,28 @@ chunk of thousands of biases and norm gains costs a few ops, not a few per tenso
 
 FLAT = 1 << 14
 """Most elements of one flat chunk (its float64 temporaries stay a few MiB)."""
+
+
+def flat_chunks(sizes: Sequence[int]) -> list[range]:
+    """The flat chunks of small parameters of ``sizes`` elements, in order: consecutive runs of at
+    most :data:`FLAT` elements in all (a parameter of more starts a chunk of its own), as ranges of
+    their indices."""
+    chunks, start, size = [], 0, 0
+    for i, n in enumerate(sizes):
+        if i > start and size + n > FLAT:
+            chunks.append(range(start, i))
+            start, size = i, 0
+        size += n
+    if len(sizes) > start:
+        chunks.append(range(start, len(sizes)))
+    return chunks
+
+
+def flat_copy(tensors: list[Tensor]) -> Tensor:
+    """``tensors`` (non-empty, one dtype and device) laid end to end in a new 1-D buffer: a flat
+    chunk's p_before (``_flatten_dense_tensors`` returns a view of a single tensor, which the step
+    would change under the snapshot)."""
+    return _flatten_dense_tensors(tensors) if len(tensors) > 1 else tensors[0].reshape(-1).clone()
 
 
 def segment_rows(x: Tensor, lengths: Tensor) -> Tensor:

@@ -388,16 +388,12 @@ class Monitor:
             kinds.setdefault((id(e.group), e.p.device, e.p.dtype), []).append(e)
         for members in kinds.values():
             sizes = [e.p.numel() for e in members]
-            start, size = 0, 0
-            for i, n in enumerate([*sizes, fused.FLAT + 1]):  # a last one that never fits closes the chunk
-                if i > start and size + n > fused.FLAT:
-                    chunk = members[start:i]
-                    group = _Flat(chunk, sizes[start:i], torch.tensor(sizes[start:i], device=chunk[0].p.device),
-                                  _flat_copy([x.p for x in chunk]))
-                    for x in chunk:
-                        x.flat = group
-                    start, size = i, 0
-                size += n
+            for span in fused.flat_chunks(sizes):
+                chunk, lengths = members[span.start:span.stop], sizes[span.start:span.stop]
+                group = _Flat(chunk, lengths, torch.tensor(lengths, device=chunk[0].p.device),
+                              fused.flat_copy([x.p for x in chunk]))
+                for x in chunk:
+                    x.flat = group
 
     def _entry(self, name: str, group: dict[str, Any], part: capture.Part, reason: str | None,
                lead: _Entry | None, fuse: bool = False) -> _Entry:
@@ -660,12 +656,6 @@ def _device_chunks(entries: list[_Entry]) -> Iterator[list[_Entry]]:
     for members in by_device.values():
         for i in range(0, len(members), fused.CHUNK):
             yield members[i:i + fused.CHUNK]
-
-
-def _flat_copy(tensors: list[Tensor]) -> Tensor:
-    """``tensors`` laid end to end in a new 1-D buffer (``_flatten_dense_tensors`` returns a view of a
-    single tensor, which the step would change under the snapshot)."""
-    return _flatten_dense_tensors(tensors) if len(tensors) > 1 else tensors[0].reshape(-1).clone()
 
 
 def _names(optimizer: torch.optim.Optimizer, known: dict[int, str] | None = None) -> list[list[str]]:
