@@ -63,9 +63,15 @@ FLAT = 1 << 14
 
 
 def flat_chunks(sizes: Sequence[int]) -> list[range]:
-    """The flat chunks of small parameters of ``sizes`` elements, in order: consecutive runs of at
-    most :data:`FLAT` elements in all (a parameter of more starts a chunk of its own), as ranges of
-    their indices."""
+    """The flat chunks of parameters of ``sizes`` elements, in order: greedy consecutive runs of at
+    most :data:`FLAT` elements in all (a single parameter of more would make a chunk of its own).
+
+    Args:
+        sizes: element counts (ints), one per parameter.
+
+    Returns:
+        Ranges of indices into ``sizes`` covering ``range(len(sizes))`` in order (empty for none).
+    """
     chunks, start, size = [], 0, 0
     for i, n in enumerate(sizes):
         if i > start and size + n > FLAT:
@@ -78,9 +84,16 @@ def flat_chunks(sizes: Sequence[int]) -> list[range]:
 
 
 def flat_copy(tensors: list[Tensor]) -> Tensor:
-    """``tensors`` (non-empty, one dtype and device) laid end to end in a new 1-D buffer: a flat
-    chunk's p_before (``_flatten_dense_tensors`` returns a view of a single tensor, which the step
-    would change under the snapshot)."""
+    """``tensors`` laid end to end in a new buffer: a flat chunk's p_before.
+
+    Args:
+        tensors: a non-empty list of dense tensors of one dtype and device (any shapes).
+
+    Returns:
+        A new 1-D tensor of their dtype with ``sum(t.numel())`` elements, never a view of one of
+        them (``_flatten_dense_tensors`` returns a view of a single tensor, which the step would
+        change under the snapshot).
+    """
     return _flatten_dense_tensors(tensors) if len(tensors) > 1 else tensors[0].reshape(-1).clone()
 
 

@@ -134,8 +134,10 @@ class Batch:
 
     def __init__(self, work: Workspace | None = None) -> None:
         self.work = work  # where the centred pass's temporaries go (the monitor's logging steps), or None
-        self._counts = array("q")  # per row added: its element count, and the slot it belongs to
-        self._owner = array("q")  # (machine integers: a logging step's thousands turn into tensors at once)
+        # per row added, its element count and the slot it belongs to, as machine integers: a logging
+        # step's thousands of rows become two tensors at once in finish()
+        self._counts = array("q")
+        self._owner = array("q")
         self._slots = 0
         self._parts: dict[tuple[torch.device, int], list[tuple[Sequence[int], Tensor | None]]] = {}
         self._store: dict[tuple[torch.device, int], Tensor] = {}
@@ -399,9 +401,9 @@ class MomentTable:
     """Host-side moments of N tensors of K kinds each (a logging step: p, grad, u per parameter).
 
     Every property is computed for the whole table at once, and once per table (float64 CPU tensors,
-    a few ops in all instead of a few Python calls per tensor; the table is not changed after it is
-    made), with ``std = sqrt(m2 / (n - 1))`` (correction=1, as
-    ``torch.std``) and ``||x||_2 = sqrt(m2 + n * mean^2)``.
+    a few ops in all instead of a few Python calls per tensor; a table is not changed once made),
+    with ``std = sqrt(m2 / (n - 1))`` (correction=1, as ``torch.std``) and
+    ``||x||_2 = sqrt(m2 + n * mean^2)``.
 
     Attributes:
         n: shape ``(N, 1)``, element counts (float64; 0 for an empty tensor).
