@@ -20,7 +20,8 @@ import models
 import test_backends
 from monitored_optim import Monitored, MonitorConfig
 from monitored_optim.__main__ import main
-from monitored_optim.report import Param, ReportError, Run, kind_of, load_run, parameters, plot_run, summarize
+from monitored_optim.report import (Param, ReportError, Run, kind_of, load_run, parameters, plot_run, rows_noun,
+                                    summarize)
 
 PARAMS = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "unused.weight", "unused.bias"]
 EXPECTED = "expected a run directory with metrics.jsonl or TensorBoard event files"
@@ -421,8 +422,15 @@ def test_a_tensorboard_run_over_the_tag_budget_reads_as_depth_groups(tmp_path):
     (tmp_path / "run" / "metrics.jsonl").rename(tmp_path / "kept.jsonl")
     run = load_run(tmp_path / "run")
     assert [p.name for p in parameters(run)] == ["*.weight", "*.bias"]
+    assert rows_noun(parameters(run)) == "depth groups"  # the plots' titles
     last = json.loads((tmp_path / "kept.jsonl").read_text().splitlines()[-1])
     median = statistics.median(last[f"update_to_data/{i}.weight"] for i in range(8))
     assert run.values("update_to_data/*.weight")[4] == pytest.approx(median, rel=1e-6)
     out = cli("report", "run", cwd=tmp_path)
     assert out.returncode == 0 and "argmin" not in out.stdout and " *.weight " in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("names,noun", [(["fc1.weight", "fc1.bias"], "parameters"), (["*.weight", "*.bias"], "depth groups"),
+                                        (["embed.weight", "h.*.weight"], "parameters and depth groups")])
+def test_plot_titles_name_depth_groups_as_such(names, noun):
+    assert rows_noun([Param("", n) for n in names]) == noun

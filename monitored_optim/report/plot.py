@@ -15,7 +15,7 @@ from pathlib import Path
 from ..grouping import depth_key
 from .errors import ReportError, require
 from .read import Run
-from .summary import HEALTHY_BAND, REFERENCE, Param, kind_of, parameters
+from .summary import HEALTHY_BAND, REFERENCE, Param, kind_of, parameters, rows_noun
 
 LINES = 10
 """Parameters the line plot draws by default: the matrices with the highest and the lowest median
@@ -56,8 +56,9 @@ def plot_run(run: Run, path: str | Path, *, params: str | None = None, dpi: int 
     _draw_ratios(top, run, chosen)
     _draw_norms(bottom, run)
     bottom.set_xlabel("optimizer step")
+    drawable = _with_ratio(run)
     fig.suptitle(f"{run.path.resolve().name}: update-to-data ratio ({run.source}; {len(chosen)} of "
-                 f"{len(_with_ratio(run))} parameters)", fontsize=11)
+                 f"{len(drawable)} {rows_noun(drawable)})", fontsize=11)
     return _save(fig, path, dpi)
 
 
@@ -117,7 +118,7 @@ def plot_heatmap(run: Run, path: str | Path, *, dpi: int = 110) -> Path:
                    if norm.vmin <= t <= norm.vmax)  # a tick outside the range blanks a TwoSlopeNorm bar
     bar.set_ticks(ticks, labels=[f"{t:.3g}" for t in ticks])
     bar.set_label("log10(std(update) / std(weights))", fontsize=8)
-    fig.suptitle(f"{run.path.resolve().name}: update-to-data ratio, {len(order)} parameters × "
+    fig.suptitle(f"{run.path.resolve().name}: update-to-data ratio, {len(order)} {rows_noun(order)} × "
                  f"{len(run.steps)} logged steps ({run.source})", fontsize=11)
     return _save(fig, path, dpi)
 

@@ -95,6 +95,14 @@ class Summary:
     globals: dict[str, Figure]
 
 
+def rows_noun(params: list[Param]) -> str:
+    """What ``params`` are, for a title: ``"parameters"``, or ``"depth groups"`` where each is a group
+    over depth (a run over the tag budget, its names with ``*``), ``"parameters and depth groups"``
+    where some are."""
+    grouped = sum("*" in p.name for p in params)
+    return "parameters" if not grouped else "depth groups" if grouped == len(params) else "parameters and depth groups"
+
+
 def parameters(run: Run) -> list[Param]:
     """The parameters with per-parameter tags, in layer order (first appearance in the log)."""
     found: dict[Param, None] = {}
