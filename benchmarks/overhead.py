@@ -197,11 +197,11 @@ NOISE = 0.98
 MODES = ["plain", "floor", "fused kernels", "clone-diff", "eager every=1", "fused every=1", "fused every=10"]
 
 
-def verdict(value, target, impossible=False, bound=None):
+def verdict(value, target, noise=False, bound=None):
     """``met`` / ``NOT met``, ``impossible here`` where ``bound`` (the least the mode can cost, as a
     ``(value, what)`` pair) is above the target, or ``noise`` where the machine's load made the
     measurement impossible."""
-    if impossible:
+    if noise:
         return "noise (rerun when idle)"
     if value <= target:
         return "met"

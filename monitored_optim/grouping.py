@@ -21,6 +21,8 @@ import statistics
 
 PER_PARAMETER = ("update_to_data", "grad_to_data", "update_norm", "grad_norm", "param_norm", "update_lost")
 """Tag families that hold one figure per parameter."""
+STATS = ("min", "median", "max", "argmin", "argmax")
+"""The suffixes of a group's summary tags, ``{family}/{key}/{stat}`` (the module docstring)."""
 
 _INDEX = re.compile(r"(^|\.)(\d+)(\.|$)")
 
@@ -54,8 +56,8 @@ def summarize(figures: dict[str, float], prefix: str = "") -> dict[str, float]:
     for base, indices, tags in groups:
         values = [figures[tag] for tag in tags]
         low, high = min(zip(values, indices)), max(zip(values, indices))
-        out.update({f"{base}/min": low[0], f"{base}/median": statistics.median(values),
-                    f"{base}/max": high[0], f"{base}/argmin": float(low[1]), f"{base}/argmax": float(high[1])})
+        summary = (low[0], statistics.median(values), high[0], float(low[1]), float(high[1]))
+        out.update({f"{base}/{stat}": value for stat, value in zip(STATS, summary)})
     return out
 
 

@@ -776,8 +776,10 @@ def _moment_table(entries: list[_Entry], hosted: list[tuple[dict[str, list[float
     flat = [x for got, _ in hosted for kind in _KINDS for x in got.get(kind, zero)]  # flat lists convert fast
     pairs = torch.tensor(flat, dtype=torch.float64).reshape(len(hosted), len(_KINDS), 2)
     n = torch.tensor([float(n) for _, n in hosted], dtype=torch.float64).reshape(-1, 1)
-    uncentred = None if not any(e.centred for e in entries) else torch.tensor(  # None: all centred (fused)
-        [not e.centred.get(kind, True) for e in entries for kind in _KINDS], dtype=torch.bool).reshape(len(entries), len(_KINDS))
+    uncentred = None  # every entry centred (the fused capture's)
+    if any(e.centred for e in entries):
+        uncentred = torch.tensor([not e.centred.get(kind, True) for e in entries for kind in _KINDS],
+                                 dtype=torch.bool).reshape(len(entries), len(_KINDS))
     return stats.MomentTable(n, pairs[..., 0], pairs[..., 1], uncentred)
 
 

@@ -21,7 +21,6 @@ learning"); Golub & Van Loan, "Matrix Computations", §8.2 (power iteration).
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 import torch

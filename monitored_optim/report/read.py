@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..grouping import STATS
 from .errors import ReportError, require
 
 EXPECTED = "a run directory with metrics.jsonl or TensorBoard event files (events.out.tfevents.*)"
@@ -230,20 +231,16 @@ def _assemble(run_dir: Path, source: str, records: list[tuple[int, dict[str, flo
     return Run(run_dir, source, steps, {tag: list(points.items()) for tag, points in series.items() if points})
 
 
-GROUP_STATS = ("min", "median", "max", "argmin", "argmax")
-"""The suffixes of a depth group's tags (``monitored_optim.grouping.summarize``, a logging step over
-the tag budget as TensorBoard got it)."""
-
-
 def _depth_medians(series: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
-    """``series`` with each depth group read as one parameter: ``update_to_data/h.*.w/median`` becomes
+    """``series`` with each depth group (:func:`~monitored_optim.grouping.summarize`'s tags, a logging
+    step over the tag budget as TensorBoard got it) read as one parameter: ``update_to_data/h.*.w/median`` becomes
     ``update_to_data/h.*.w`` (the median over depth), and the group's other summaries (its min, max
     and their layer indices, which are no ratios) are left out."""
     out = {}
     for tag, points in series.items():
         parsed = split_tag(tag)
         name, _, stat = parsed[2].rpartition("/") if parsed else ("", "", "")
-        if parsed and parsed[1] in PER_PARAMETER and "*" in name and stat in GROUP_STATS:
+        if parsed and parsed[1] in PER_PARAMETER and "*" in name and stat in STATS:
             if stat == "median":
                 out[tag[:-len("/median")]] = points
             continue
