@@ -21,9 +21,10 @@ all of them alike:
 Prints, per optimizer, the step time and the full-iteration time (forward, backward, step) as ratios
 to ``plain`` (the median over rounds of each round's mean, so every=10 is amortized over its one
 logging step in ten), the extra peak memory of one logging step as a fraction of parameter bytes
-(the profiler's allocation events, ``benchmarks/memory.py``'s ``allocated_peak``), then one logging step on a model of 2,000 small tensors per optimizer, and each of
-the issue's targets as met, NOT met, impossible here (``fused kernels`` alone, or ``floor``, already
-costs more than the target allows) or noise (a ratio that load on the machine made impossible: a
+(the profiler's allocation events, ``benchmarks/memory.py``'s ``allocated_peak``), then one logging
+step on a model of 2,000 small tensors per optimizer (with ``fused kernels`` there as its bound), and
+each of the issue's targets as met, NOT met, impossible here (``fused kernels`` alone, or ``floor``,
+already costs more than the target allows) or noise (a ratio that load on the machine made impossible: a
 mode that does more than plain measured faster than it, or an iteration less than half its step's
 extra time above plain's). ``--quick`` runs 3 rounds.
 """

@@ -358,8 +358,15 @@ def _parse_selection(params: Any, source: str, exclude: Any) -> Callable[[str, t
     globs = [] if params is None else _globs(params, source)
     out += [g[1:] for g in globs if g.startswith("!")]
     keep = [g for g in globs if not g.startswith("!")]
-    return lambda name, p: ((not keep or any(fnmatch.fnmatchcase(name, g) for g in keep))
-                            and not any(fnmatch.fnmatchcase(name, g) for g in out))
+    if not keep and not out:
+        return lambda name, p: True
+
+    @functools.lru_cache(maxsize=1 << 16)  # names repeat at every logging step
+    def chosen(name: str) -> bool:
+        return ((not keep or any(fnmatch.fnmatchcase(name, g) for g in keep))
+                and not any(fnmatch.fnmatchcase(name, g) for g in out))
+
+    return lambda name, p: chosen(name)
 
 
 def _parse_figures(value: str | Sequence[str], source: str) -> frozenset[str]:
