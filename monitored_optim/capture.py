@@ -11,9 +11,11 @@ update is a few units in the last place (warmup learning rates, bf16). So:
   constant initialisation lives and which hold about 0.1% of a transformer's bytes), is *bf16 or
   fp16* (the store's spacing, 2^-8 relative for bf16, makes power-of-two crossings common, and
   there the rounding cannot be inverted: two p_before map to one p_after), is complex, *shares
-  its storage* with another monitored parameter, or is a float32/float64 matrix whose values are
-  so close to constant that crossings would matter: measured by the last logging step
-  (:func:`rounding_risk`), or, before the first, when the optimizer is built (:func:`near_constant`).
+  its storage* with another monitored parameter, or is a float32/float64 matrix whose values sit
+  so close to a power of two that crossings would matter (near-constant ones; a block at 1.0): as
+  the crossings of the last logging steps measured (:func:`rounding_risk`, :func:`crossed`, for
+  :data:`SNAPSHOT_FOR` logging steps after the last risky one), or, before the first, as found when
+  the optimizer is built (:func:`risky_when_built`).
 * **Inversion** (:func:`stored_change`): for the other matrices the view's update is turned into
   the stored change by inverting the store's rounding in the parameter's own dtype:
   p_before = fl(fl(p_after - d) / s) for p_after = fl(fl(s·p_before) + d) (s = 1 - lr·λ under
@@ -57,12 +59,13 @@ def snapshot_reason(p: Tensor, aliased: bool, risky: bool) -> str | None:
         p: the parameter (any shape, floating or complex dtype).
         aliased: another monitored parameter shares ``p``'s storage (a tensor listed twice, views
             of one buffer): the optimizer's updates of both land in the same memory.
-        risky: :func:`rounding_risk` of the last logging step was above :data:`RISK_ABOVE`.
+        risky: :func:`rounding_risk` of one of the last :data:`SNAPSHOT_FOR` logging steps was above
+            :data:`RISK_ABOVE`, or, before the first, :func:`risky_when_built`.
 
     Returns:
         ``"aliased"``, ``"vector"``, ``"low precision"``, ``"complex"`` (its real and imaginary parts
         have spreads of their own, which the pairs-of-reals moments that :func:`rounding_risk` reads
-        do not tell apart), ``"near-constant"`` or None.
+        do not tell apart), ``"rounding risk"`` or None.
     """
     if aliased:
         return "aliased"
@@ -72,30 +75,71 @@ def snapshot_reason(p: Tensor, aliased: bool, risky: bool) -> str | None:
         return "low precision"
     if p.is_complex():
         return "complex"
-    return "near-constant" if risky else None
+    return "rounding risk" if risky else None
 
 
-def rounding_risk(eps: Tensor, mean_sq_p: Tensor, std_p: Tensor, std_u: Tensor) -> Tensor:
-    """How much an inverted rounding may miss: eps^2 · E[p^2] / (std(u) · std(p)), per parameter.
+def rounding_risk(eps: Tensor, mean_sq_p: Tensor, std_p: Tensor, std_u: Tensor, sq_u: Tensor | None = None,
+                  crossed: Tensor | None = None) -> Tensor:
+    """How much an inverted rounding may miss, as a share of ||u||^2, per parameter.
 
     A store's spacing is about eps·|p|. An element can be recovered wrongly only where the step
-    crossed a power of two upwards (the spacing doubles there), which a fraction of about
-    std(u) / std(p) of the elements do, each off by up to eps·|p| on an update of size std(u):
-    their share of ||u||^2 is about (eps·|p|)^2 / (std(u)·std(p)). Above :data:`RISK_ABOVE` (a
-    matrix of near-constant values near a power of two) the next logging step snapshots instead.
-    No update (std(u) zero or undefined) is no risk: every element's update was below half a
-    spacing, and the inversion gives exactly zero there; constant weights that moved are.
+    crossed a power of two (the spacing changes there), each off by up to eps·|p|. Where the last
+    logging step measured them (:func:`crossed`: Σ p_after^2 over the elements that changed binade,
+    ``crossed``, against ``sq_u`` = ||u||^2) the share is eps^2 · crossed / ||u||^2, exact to the
+    spacing's factor of two however the values sit (half a matrix at 1.0 crosses at every step).
+    Elsewhere (NaN in ``crossed``, or none given) it is estimated from the moments: a fraction of
+    about std(u) / std(p) of the elements cross, which gives eps^2 · E[p^2] / (std(u) · std(p)).
+    Above :data:`RISK_ABOVE` the next logging step snapshots instead. No update (std(u) zero or
+    undefined) is no risk: every element's update was below half a spacing, and the inversion gives
+    exactly zero there; constant weights that moved are.
 
     Args:
         eps, mean_sq_p, std_p, std_u: float64 tensors of one shape: each parameter's :func:`eps`,
             E[p^2], std(p) and std(u) from the last logging step.
+        sq_u, crossed: float64 tensors of that shape, ||u||^2 and :func:`crossed` (NaN where not
+            measured), or None.
 
     Returns:
         Bool tensor of that shape.
     """
     moved = std_u.nan_to_num(nan=0.0) > 0
-    risk = (eps * eps * mean_sq_p / (std_u * std_p)).nan_to_num(nan=0.0, posinf=1.0)
-    return moved & (risk > RISK_ABOVE)
+    risk = eps * eps * mean_sq_p / (std_u * std_p)
+    if crossed is not None and sq_u is not None:
+        risk = torch.where(crossed.isnan(), risk, eps * eps * crossed / sq_u)
+    return moved & (risk.nan_to_num(nan=0.0, posinf=1.0) > RISK_ABOVE)
+
+
+BITS = {torch.float32: (torch.int32, 23), torch.float64: (torch.int64, 52)}
+"""Per dtype, the integer dtype of its bits and its mantissa's width: a value's sign and exponent
+are the bits above."""
+
+
+def crossed(after: Tensor, u: Tensor, work: Workspace | None = None) -> Tensor | None:
+    """Σ p_after^2 over the elements of a float32/float64 part whose stored value changed binade (its
+    sign or exponent) from p_before = p_after - u: where :func:`rounding_risk` looks for the
+    inversion's misses. A float64 tensor of shape (1,); None for other dtypes (never inverted).
+
+    Args:
+        after: the part after the step (any shape).
+        u: its stored change (same shape and dtype).
+        work: where the one part-sized temporary goes (:meth:`Workspace.one`), or None.
+    """
+    if after.dtype not in BITS:
+        return None
+    ints, mantissa = BITS[after.dtype]
+    a = after.detach()
+    before = torch.sub(a, u) if work is None else torch.sub(a, u, out=work.one(a))  # exact (Sterbenz)
+    bits = before.view(ints)  # then 1 where the sign or exponent changed, else 0, in the same memory
+    bits.bitwise_xor_(a.view(ints)).bitwise_right_shift_(mantissa).ne_(0)
+    moved = torch.mul(a, bits, out=before).reshape(-1)  # no new part-sized buffer (see Workspace)
+    return torch.dot(moved, moved).double().reshape(1)
+
+
+SNAPSHOT_FOR = 8
+"""Logging steps a float32/float64 matrix stays snapshotted after the last one whose
+:func:`rounding_risk` was above :data:`RISK_ABOVE`: a step's crossings do not tell the next one's
+(half a matrix at 1.0 under AdamW at lr 1e-7 crossed at one step, at none the next, at 2,284 elements
+the one after), so a matrix goes back to the inversion only after that many quiet ones."""
 
 
 NEAR_CONSTANT = 1e-2
@@ -105,22 +149,40 @@ or at 1.0 but for a few elements)."""
 
 
 @torch.no_grad()
-def near_constant(params: list[Tensor]) -> list[bool]:
-    """Per parameter, whether it is a float32/float64 matrix whose spread is below
-    :data:`NEAR_CONSTANT` of its magnitude: snapshotted from the first logging step on, until a
-    logging step measures its :func:`rounding_risk`. One reduction per such matrix and one host
-    read, when the optimizer is built (never in a step)."""
-    idx = [i for i, p in enumerate(params) if p.dim() >= 2 and p.dtype in (torch.float32, torch.float64)
+def risky_when_built(params: list[Tensor]) -> list[bool]:
+    """Per parameter, whether it is a float32/float64 matrix that the snapshot rule takes from the first
+    logging step on, until logging steps measure its :func:`rounding_risk`: one whose spread is below
+    :data:`NEAR_CONSTANT` of its magnitude (a matrix at 1.0, or at 1.0 but for a few elements), or whose
+    elements exactly at a power of two hold more than :data:`RISK_ABOVE` of its squared norm (the
+    identity, a block at 1.0): an update smaller than their spacing can land where the inversion
+    cannot tell them from a neighbour. A few reductions per such matrix, at most 2^20 elements at a
+    time, and one host read, when the optimizer is built (never in a step)."""
+    idx = [i for i, p in enumerate(params) if p.dim() >= 2 and p.dtype in BITS
            and type(p) in (Tensor, torch.nn.Parameter) and p.device.type != "meta" and p.numel() > 1]
     if not idx:
         return [False] * len(params)
-    rows = torch.stack([torch.stack(torch.std_mean(params[i].detach(), correction=0)).double().cpu() for i in idx])
-    std, mean = rows.unbind(1)
-    near = (std < NEAR_CONSTANT * (std.square() + mean.square()).sqrt()).tolist()
+    rows = torch.stack([torch.cat([torch.stack(torch.std_mean(params[i].detach(), correction=0)).double(),
+                                   _at_powers_of_two(params[i].detach())]) for i in idx]).cpu()
+    std, mean, exact, total = rows.unbind(1)
+    risky = ((std < NEAR_CONSTANT * (std.square() + mean.square()).sqrt()) | (exact > RISK_ABOVE * total)).tolist()
     out = [False] * len(params)
-    for i, flag in zip(idx, near):
+    for i, flag in zip(idx, risky):
         out[i] = flag
     return out
+
+
+def _at_powers_of_two(x: Tensor) -> Tensor:
+    """``[Σ x^2 over the elements exactly at a power of two (no mantissa bits), Σ x^2]`` of a float32/
+    float64 matrix, float64 of shape (2,), a slice of whole rows (at most 2^20 elements) at a time."""
+    ints, mantissa = BITS[x.dtype]
+    rows = max(1, (1 << 20) // max(1, x[0].numel()))
+    sums = torch.zeros(2, dtype=torch.float64, device=x.device)
+    for start in range(0, x.shape[0], rows):
+        piece = x[start:start + rows]
+        exact = torch.where(piece.view(ints).bitwise_and((1 << mantissa) - 1) == 0, piece, 0)
+        sums += torch.stack([torch.linalg.vector_norm(exact, dtype=torch.float64),
+                             torch.linalg.vector_norm(piece, dtype=torch.float64)]).square()
+    return sums
 
 
 @dataclass(slots=True)

@@ -274,8 +274,8 @@ class Sharding:
         return [_hosted(host, self._slot[id(e.p)]) for e in entries]
 
     def _table(self, entries: list[Any], fingerprint: float) -> Tensor:
-        """The local table, shape ``(1 + 5·slots, 4)`` float64. Row 0: ``(1, f, f², failed)``. Per
-        parameter slot s, rows ``1 + 5s + k`` for the pieces of :data:`_PIECES` in order, columns:
+        """The local table, shape ``(1 + P·slots, 4)`` float64 (P = ``len(_PIECES)``). Row 0:
+        ``(1, f, f², failed)``. Per parameter slot s, rows ``1 + Ps + k`` for the pieces of :data:`_PIECES` in order, columns:
         moments ``(w·n, w·Σx, w·Σx², present)``, count ``(w·c, 0, 0, present)``, norms
         ``(w·a², w·b², 0, present)``; ``present`` is 1 where the rank had the piece (unweighted).
         Built with one stack of the pieces, one small host-to-device copy and one scatter."""
@@ -314,7 +314,8 @@ class Sharding:
         return table
 
 
-_PIECES = {"p": "moments", "grad": "moments", "u": "moments", "lost": "count", "verify": "norms"}
+_PIECES = {"p": "moments", "grad": "moments", "u": "moments", "lost": "count", "crossed": "count",
+           "verify": "norms"}
 """How each of the monitor's per-parameter device pieces combines across ranks."""
 
 _ORDER = {key: i for i, key in enumerate(_PIECES)}

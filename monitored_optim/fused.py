@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 from torch._utils import _flatten_dense_tensors
 
+from . import capture
 from ._warnings import warn
 
 CHUNK = 32
@@ -159,7 +160,7 @@ def prior(xs: list[Tensor]) -> Tensor:
 
 
 def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factors: Tensor, s: Tensor | None,
-             extremes: Tensor, after: list[Tensor], grads: list[Tensor]) -> Tensor:
+             extremes: Tensor, after: list[Tensor], grads: list[Tensor]) -> tuple[Tensor, Tensor]:
     """Rows of the grad and u of parameters whose update is rebuilt from state.
 
     Args:
@@ -171,16 +172,26 @@ def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factor
         after: the k parameters after the step (float32/float64, each with its grad in ``grads``).
 
     Returns:
-        Float64 tensor of shape ``(2, k, 3)``: :func:`shifted_rows` of the grad and of u (those of
-        p_before come from :func:`prior`).
+        ``(rows, crossed)``: float64 tensors of shapes ``(2, k, 3)``, the :func:`shifted_rows` of the
+        grad and of u (those of p_before come from :func:`prior`), and ``(k,)``, each parameter's
+        :func:`~monitored_optim.capture.crossed`.
     """
-    changes = []
+    changes, crossings = [], []
     for p, r, f, (lo, hi) in zip(after, rebuild(*args), factors.unbind(), extremes.unbind()):
         b = p - (r * f).to(p.dtype)  # the nearest value to p - d, rounded in p's dtype
         b = b if s is None else b / s.to(p.dtype)
         b = torch.where(lo == hi, lo.to(p.dtype), b)  # a constant is recovered exactly
         changes.append(p - b)  # exact (Sterbenz)
-    return grad_and_change_rows(grads, changes)
+        crossings.append(_crossed(b, p))
+    return grad_and_change_rows(grads, changes), torch.stack(crossings)
+
+
+def _crossed(before: Tensor, after: Tensor) -> Tensor:
+    """Σ p_after^2 over the elements whose sign or exponent changed from ``before`` to ``after``
+    (:func:`~monitored_optim.capture.crossed`'s sum, as a 0-dim float64 tensor)."""
+    ints, mantissa = capture.BITS[after.dtype]
+    changed = torch.bitwise_right_shift(torch.bitwise_xor(before.view(ints), after.view(ints)), mantissa) != 0
+    return torch.where(changed, after, 0).double().square().sum()
 
 
 def grad_and_change_rows(grads: list[Tensor], changes: list[Tensor]) -> Tensor:
@@ -188,11 +199,11 @@ def grad_and_change_rows(grads: list[Tensor], changes: list[Tensor]) -> Tensor:
     return torch.stack([shifted_rows(grads), shifted_rows(changes)])
 
 
-def snapshotted(before: list[Tensor], after: list[Tensor], grads: list[Tensor]) -> Tensor:
-    """Rows of p_before, grad and u = p_after - p_before of parameters with an exact snapshot
-    (shapes as :func:`inverted`'s)."""
-    return torch.stack([shifted_rows(before), shifted_rows(grads),
-                        shifted_rows([p - b for p, b in zip(after, before)])])
+def snapshotted(before: list[Tensor], after: list[Tensor], grads: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """Rows of p_before, grad and u = p_after - p_before of parameters with an exact snapshot, float64
+    of shape ``(3, k, 3)``, and their crossings (shape ``(k,)``, as :func:`inverted`'s)."""
+    rows = [shifted_rows(before), shifted_rows(grads), shifted_rows([p - b for p, b in zip(after, before)])]
+    return torch.stack(rows), torch.stack([_crossed(b, p) for p, b in zip(after, before)])
 
 
 def copied(xs: list[Tensor]) -> list[Tensor]:

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import truth
-from monitored_optim import Monitored, MonitorConfig
+from monitored_optim import Monitored, MonitorConfig, capture
 
 O = torch.optim
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -211,3 +211,74 @@ def test_complex_parameter_update_norm_equals_clone_truth(cls, kwargs, tmp_path)
         opt.step()
         true = torch.view_as_real(w.detach()).double() - torch.view_as_real(before).double()
         assert opt.monitor.latest["update_norm/w"] == pytest.approx(true.norm().item(), rel=1e-4)
+
+
+def _partly_at_one(kind: str, gen: torch.Generator) -> torch.Tensor:
+    """A matrix with some elements exactly at a power of two and the rest spread: half of it at 1.0
+    (the rest N(0, 1)), or the identity (``nn.init.eye_``)."""
+    if kind == "eye":
+        return torch.eye(256, 256)
+    w = torch.randn(256, 256, generator=gen)
+    w.view(-1)[:w.numel() // 2] = 1.0
+    return w
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "fused"])
+@pytest.mark.parametrize("kind", ["half-ones", "eye"])
+@pytest.mark.parametrize("cls,kwargs", [(O.AdamW, dict(lr=1e-7, weight_decay=0.01)),
+                                        (O.SGD, dict(lr=1e-7, momentum=0.9))], ids=["adamw", "sgd-momentum"])
+def test_matrices_partly_at_a_power_of_two_equal_clone_truth(cls, kwargs, kind, compile, tmp_path):
+    """Elements at 1.0 in a matrix that is not near-constant as a whole cross the power of two back
+    and forth at a warmup lr, where the inversion cannot tell the two stored neighbours apart: the
+    measured crossings send it to the snapshot from the next logging step on, and it stays there while
+    crossings recur (a step without any did not end them: half at 1.0 under AdamW crossed at steps 1
+    and 3, not at 2). Every logging step's figures within the tolerances of the clone truth."""
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{kind}-{cls.__name__}".encode()))
+    named = [("w", torch.nn.Parameter(_partly_at_one(kind, gen)))]
+    opt = Monitored(cls)(named, **kwargs, monitor=MonitorConfig(backend="none", compile=compile, logdir=tmp_path))
+    for _ in range(6):
+        named[0][1].grad = torch.randn(256, 256, generator=gen)
+        before, grads = truth.snapshot(named)
+        opt.step()
+        truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+
+
+def test_crossings_measured_in_a_fused_step_send_a_matrix_to_the_snapshot(tmp_path):
+    """Half a matrix set to 1.0 after the optimizer is built (so not found then): AdamW's first step
+    from exactly 1.0 inverts exactly; the crossings the fused capture measures in its pass snapshot
+    the matrix from the second logging step on, and it stays snapshotted through a step without
+    crossings (the third would be off by 4e-4 of its norm otherwise). Every logging step within the
+    clone truth's tolerances. (The eager capture measures crossings on the matrices it snapshots
+    only: on every inverted one it would cost 0.4 of an AdamW step.)"""
+    gen = torch.Generator().manual_seed(0)
+    named = [("w", torch.nn.Parameter(torch.randn(256, 256, generator=gen)))]
+    opt = Monitored(O.AdamW)(named, lr=1e-7, weight_decay=0.01,
+                             monitor=MonitorConfig(backend="none", compile=True, logdir=tmp_path))
+    with torch.no_grad():
+        named[0][1].view(-1)[:256 * 128] = 1.0
+    assert "rounding risk" not in opt.monitor.describe()
+    for _ in range(6):
+        named[0][1].grad = torch.randn(256, 256, generator=gen)
+        before, grads = truth.snapshot(named)
+        opt.step()
+        truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+    assert "rounding risk" in opt.monitor.describe()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_crossed_sums_the_squares_of_the_elements_that_changed_sign_or_exponent(dtype):
+    """``capture.crossed`` against frexp's exponents and the sign bits: values at powers of two
+    moving down and up, random values, and values near 0 changing sign; None for bf16."""
+    gen = torch.Generator().manual_seed(0)
+    powers = 2.0 ** torch.randint(-6, 4, (300,), generator=gen).to(dtype)
+    before = torch.cat([powers, -powers, torch.randn(300, generator=gen, dtype=dtype), torch.full((100,), 1e-6, dtype=dtype)])
+    step = torch.cat([-1e-4 * powers, 1e-4 * powers, 1e-3 * torch.randn(300, generator=gen, dtype=dtype),
+                      torch.full((100,), -2e-6, dtype=dtype)])
+    after = (before + step).reshape(20, 50)
+    u = after - before.reshape(20, 50)
+    b = after - u  # the p_before that crossed() sees
+    changed = (torch.frexp(b).exponent != torch.frexp(after).exponent) | (b.signbit() != after.signbit())
+    assert 200 < int(changed.sum()) < 800
+    want = after[changed].double().square().sum().item()
+    assert capture.crossed(after, u).item() == pytest.approx(want, rel=1e-6)
+    assert capture.crossed(after.bfloat16(), u.bfloat16()) is None
