@@ -13,7 +13,7 @@ update is a few units in the last place (warmup learning rates, bf16). So:
   there the rounding cannot be inverted: two p_before map to one p_after), is complex, *shares
   its storage* with another monitored parameter, or is a float32/float64 matrix whose values sit
   so close to a power of two that crossings would matter (near-constant ones; a block at 1.0): as
-  the crossings of the last logging steps measured (:func:`rounding_risk`, :func:`crossed`, for
+  the last logging steps measured (:func:`rounding_risk`, :func:`misses`, for
   :data:`SNAPSHOT_FOR` logging steps after the last risky one), or, before the first, as found when
   the optimizer is built (:func:`risky_when_built`).
 * **Inversion** (:func:`stored_change`): for the other matrices the view's update is turned into
@@ -79,34 +79,44 @@ def snapshot_reason(p: Tensor, aliased: bool, risky: bool) -> str | None:
 
 
 def rounding_risk(eps: Tensor, mean_sq_p: Tensor, std_p: Tensor, std_u: Tensor, sq_u: Tensor | None = None,
-                  crossed: Tensor | None = None) -> Tensor:
-    """How much an inverted rounding may miss, as a share of ||u||^2, per parameter.
+                  crossed: Tensor | None = None, exact: Tensor | None = None) -> Tensor:
+    """Whether an inversion of the store may miss more than the tolerances allow, per parameter.
 
-    A store's spacing is about eps·|p|. An element can be recovered wrongly only where the step
-    crossed a power of two (the spacing changes there), each off by up to eps·|p|. Where the last
-    logging step measured them (:func:`crossed`: Σ p_after^2 over the elements that changed binade,
-    ``crossed``, against ``sq_u`` = ||u||^2) the share is eps^2 · crossed / ||u||^2, exact to the
-    spacing's factor of two however the values sit (half a matrix at 1.0 crosses at every step).
-    Elsewhere (NaN in ``crossed``, or none given) it is estimated from the moments: a fraction of
-    about std(u) / std(p) of the elements cross, which gives eps^2 · E[p^2] / (std(u) · std(p)).
-    Above :data:`RISK_ABOVE` the next logging step snapshots instead. No update (std(u) zero or
-    undefined) is no risk: every element's update was below half a spacing, and the inversion gives
-    exactly zero there; constant weights that moved are.
+    A store's spacing is about eps·|p|, and an element can be recovered wrongly by up to one spacing
+    only where the spacing changes: where the step crossed a power of two, or where p sits exactly
+    at one (p_before = 1.0 with an update below half a spacing stays at 1.0 and is recovered as
+    1 - eps/2; one moving up from it is recovered from below). Two measures, from :func:`misses`
+    where the last logging step took them (NaN elsewhere, or None):
+
+    * **exact** elements (at a power of two before or after): their misses lean one way (a block at
+      1.0 moves together), so they bound the relative error of ||u|| at first order,
+      eps · sqrt(exact) / ||u||; above :data:`ALIGNED_ABOVE` (also where nothing else moved);
+    * **crossed** elements, whose misses fall either way on spread values: their share of ||u||^2,
+      eps^2 · crossed / ||u||^2, or where not measured the estimate eps^2 · E[p^2] / (std(u) · std(p))
+      (a fraction of about std(u) / std(p) of the elements cross); above :data:`RISK_ABOVE`. No
+      update (std(u) zero or undefined) is no risk here.
 
     Args:
         eps, mean_sq_p, std_p, std_u: float64 tensors of one shape: each parameter's :func:`eps`,
             E[p^2], std(p) and std(u) from the last logging step.
-        sq_u, crossed: float64 tensors of that shape, ||u||^2 and :func:`crossed` (NaN where not
-            measured), or None.
+        sq_u, crossed, exact: float64 tensors of that shape, ||u||^2 and :func:`misses`' two sums
+            (NaN where not measured), or None.
 
     Returns:
         Bool tensor of that shape.
     """
     moved = std_u.nan_to_num(nan=0.0) > 0
-    risk = eps * eps * mean_sq_p / (std_u * std_p)
-    if crossed is not None and sq_u is not None:
-        risk = torch.where(crossed.isnan(), risk, eps * eps * crossed / sq_u)
-    return moved & (risk.nan_to_num(nan=0.0, posinf=1.0) > RISK_ABOVE)
+    share = eps * eps * mean_sq_p / (std_u * std_p)
+    aligned = torch.zeros_like(share)
+    if sq_u is not None and crossed is not None and exact is not None:
+        share = torch.where(crossed.isnan(), share, eps * eps * crossed / sq_u)
+        aligned = (eps * exact.sqrt() / sq_u.sqrt()).nan_to_num(nan=0.0, posinf=1.0)
+    return (moved & (share.nan_to_num(nan=0.0, posinf=1.0) > RISK_ABOVE)) | (aligned > ALIGNED_ABOVE)
+
+
+ALIGNED_ABOVE = 5e-5
+""":func:`rounding_risk`'s first-order bound (elements exactly at a power of two) above which a matrix
+is snapshotted: half the 1e-4 tolerance on norms."""
 
 
 BITS = {torch.float32: (torch.int32, 23), torch.float64: (torch.int64, 52)}
@@ -114,25 +124,22 @@ BITS = {torch.float32: (torch.int32, 23), torch.float64: (torch.int64, 52)}
 are the bits above."""
 
 
-def crossed(after: Tensor, u: Tensor, work: Workspace | None = None) -> Tensor | None:
-    """Σ p_after^2 over the elements of a float32/float64 part whose stored value changed binade (its
-    sign or exponent) from p_before = p_after - u: where :func:`rounding_risk` looks for the
-    inversion's misses. A float64 tensor of shape (1,); None for other dtypes (never inverted).
+def misses(before: Tensor, after: Tensor) -> Tensor:
+    """Where an inversion of the store may miss, for :func:`rounding_risk`: ``[Σ p_after^2 over the
+    elements whose sign or exponent changed from before to after, Σ p_after^2 over those exactly at
+    a power of two (no mantissa bits) before or after]``, float64 of shape (2,). Plain torch ops:
+    the fused passes trace the same function.
 
     Args:
-        after: the part after the step (any shape).
-        u: its stored change (same shape and dtype).
-        work: where the one part-sized temporary goes (:meth:`Workspace.one`), or None.
+        before, after: float32/float64 tensors of one shape and dtype (a part before and after the
+            step: its snapshot, or the inversion's p_before).
     """
-    if after.dtype not in BITS:
-        return None
     ints, mantissa = BITS[after.dtype]
-    a = after.detach()
-    before = torch.sub(a, u) if work is None else torch.sub(a, u, out=work.one(a))  # exact (Sterbenz)
-    bits = before.view(ints)  # then 1 where the sign or exponent changed, else 0, in the same memory
-    bits.bitwise_xor_(a.view(ints)).bitwise_right_shift_(mantissa).ne_(0)
-    moved = torch.mul(a, bits, out=before).reshape(-1)  # no new part-sized buffer (see Workspace)
-    return torch.dot(moved, moved).double().reshape(1)
+    a, b = after.view(ints), before.view(ints)
+    low = (1 << mantissa) - 1
+    crossed = torch.bitwise_right_shift(torch.bitwise_xor(a, b), mantissa) != 0
+    exact = (torch.bitwise_and(a, low) == 0) | (torch.bitwise_and(b, low) == 0)
+    return torch.stack([torch.where(m, after, 0).square().sum(dtype=torch.float64) for m in (crossed, exact)])
 
 
 SNAPSHOT_FOR = 8

@@ -315,7 +315,7 @@ class Sharding:
 
 
 _PIECES = {"p": "moments", "grad": "moments", "u": "moments", "lost": "count", "crossed": "count",
-           "verify": "norms"}
+           "exact": "count", "verify": "norms"}
 """How each of the monitor's per-parameter device pieces combines across ranks."""
 
 _ORDER = {key: i for i, key in enumerate(_PIECES)}

@@ -172,26 +172,18 @@ def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factor
         after: the k parameters after the step (float32/float64, each with its grad in ``grads``).
 
     Returns:
-        ``(rows, crossed)``: float64 tensors of shapes ``(2, k, 3)``, the :func:`shifted_rows` of the
-        grad and of u (those of p_before come from :func:`prior`), and ``(k,)``, each parameter's
-        :func:`~monitored_optim.capture.crossed`.
+        ``(rows, misses)``: float64 tensors of shapes ``(2, k, 3)``, the :func:`shifted_rows` of the
+        grad and of u (those of p_before come from :func:`prior`), and ``(k, 2)``, each parameter's
+        :func:`~monitored_optim.capture.misses` of its inversion.
     """
-    changes, crossings = [], []
+    changes, misses = [], []
     for p, r, f, (lo, hi) in zip(after, rebuild(*args), factors.unbind(), extremes.unbind()):
         b = p - (r * f).to(p.dtype)  # the nearest value to p - d, rounded in p's dtype
         b = b if s is None else b / s.to(p.dtype)
         b = torch.where(lo == hi, lo.to(p.dtype), b)  # a constant is recovered exactly
         changes.append(p - b)  # exact (Sterbenz)
-        crossings.append(_crossed(b, p))
-    return grad_and_change_rows(grads, changes), torch.stack(crossings)
-
-
-def _crossed(before: Tensor, after: Tensor) -> Tensor:
-    """Σ p_after^2 over the elements whose sign or exponent changed from ``before`` to ``after``
-    (:func:`~monitored_optim.capture.crossed`'s sum, as a 0-dim float64 tensor)."""
-    ints, mantissa = capture.BITS[after.dtype]
-    changed = torch.bitwise_right_shift(torch.bitwise_xor(before.view(ints), after.view(ints)), mantissa) != 0
-    return torch.where(changed, after, 0).double().square().sum()
+        misses.append(capture.misses(b, p))
+    return grad_and_change_rows(grads, changes), torch.stack(misses)
 
 
 def grad_and_change_rows(grads: list[Tensor], changes: list[Tensor]) -> Tensor:
@@ -201,9 +193,9 @@ def grad_and_change_rows(grads: list[Tensor], changes: list[Tensor]) -> Tensor:
 
 def snapshotted(before: list[Tensor], after: list[Tensor], grads: list[Tensor]) -> tuple[Tensor, Tensor]:
     """Rows of p_before, grad and u = p_after - p_before of parameters with an exact snapshot, float64
-    of shape ``(3, k, 3)``, and their crossings (shape ``(k,)``, as :func:`inverted`'s)."""
+    of shape ``(3, k, 3)``, and their :func:`~monitored_optim.capture.misses` (``(k, 2)``)."""
     rows = [shifted_rows(before), shifted_rows(grads), shifted_rows([p - b for p, b in zip(after, before)])]
-    return torch.stack(rows), torch.stack([_crossed(b, p) for p, b in zip(after, before)])
+    return torch.stack(rows), torch.stack([capture.misses(b, p) for p, b in zip(after, before)])
 
 
 def copied(xs: list[Tensor]) -> list[Tensor]:

@@ -487,10 +487,10 @@ class Monitor:
         centre = table.needs_centring.tolist()
         eps = torch.tensor([capture.eps(e.p.dtype) for e in entries], dtype=torch.float64)
         std = table.std
-        crossed = torch.tensor([got["crossed"][0] if "crossed" in got else math.nan for got, _ in hosted],
-                               dtype=torch.float64)
-        risky = capture.rounding_risk(eps, table.sq_norm[:, 0] / table.n[:, 0].clamp(min=1),
-                                      std[:, 0], std[:, 2], table.sq_norm[:, 2], crossed).tolist()
+        misses = torch.tensor([[got[k][0] if k in got else math.nan for k in _MISSES] for got, _ in hosted],
+                              dtype=torch.float64).reshape(-1, 2)
+        risky = capture.rounding_risk(eps, table.sq_norm[:, 0] / table.n[:, 0].clamp(min=1), std[:, 0], std[:, 2],
+                                      table.sq_norm[:, 2], *misses.unbind(1)).tolist()
         tags: list[str] = []
         values: list[float] = []
         for e, (got, n), row, flags, risk in zip(entries, hosted, columns, centre, risky):
@@ -537,13 +537,13 @@ class Monitor:
             for i in range(0, len(members), fused.CHUNK):
                 chunk = members[i:i + fused.CHUNK]
                 after, grads = [e.p for e in chunk], _grads(chunk)
-                rows, crossed = (
+                rows, missed = (
                     self._fuser(fused.snapshotted, [e.snapshot.before for e in chunk], after, grads, device=key[1])
                     if key[-1] else self._rebuilt_rows(chunk[0].group, after, [state.get(p, {}) for p in after], grads,
                                                        [e.extremes for e in chunk]))
                 self._put(batch, chunk, rows, _KINDS if key[-1] else _KINDS[1:])
-                for e, value in zip(chunk, crossed.unbind()):
-                    e.pieces["crossed"] = value.reshape(1)
+                for e, pair in zip(chunk, missed.unbind()):
+                    e.pieces.update(zip(_MISSES, pair.reshape(2, 1).unbind()))
 
     @staticmethod
     def _put(batch: stats.Batch, chunk: list[_Entry], rows: Tensor, kinds: tuple[str, ...],
@@ -572,7 +572,7 @@ class Monitor:
             u = capture.stored_change(p, result, None, bound.to(p.dtype))[0]
             changes.append(torch.zeros_like(p) if u is None else u)
         return (fused.grad_and_change_rows(grads, changes),
-                torch.cat([capture.crossed(p, u) for p, u in zip(after, changes)]))
+                torch.stack([capture.misses(p - u, p) for p, u in zip(after, changes)]))
 
     def _measure_updates(self, chunk: list[_Entry], states: list[dict[str, Any]], batch: stats.Batch) -> None:
         """The stored change of each part of one chunk (one param group, one device): rebuilt by the
@@ -617,10 +617,9 @@ class Monitor:
             return None
         if p.dtype in capture.LOW_PRECISION:
             _accumulate(e.owner, "lost", capture.lost(u, meant, cut(e.p.grad)))
-        elif before is not None and e.whole.dim() >= 2:  # a snapshotted matrix: may it go back to the inversion?
-            crossed = capture.crossed(p, u, work)  # (on every inverted one: 1.5 ms, 0.4 of an AdamW step here)
-            if crossed is not None:
-                _accumulate(e.owner, "crossed", crossed)
+        elif before is not None and e.whole.dim() >= 2 and p.dtype in capture.BITS:  # may it go back to the inversion?
+            for key, value in zip(_MISSES, capture.misses(before, p).reshape(2, 1).unbind()):  # (measuring every
+                _accumulate(e.owner, key, value)  # inverted one too would cost 1.5 ms, 0.4 of an AdamW step here)
         truth = u if before is not None else (None if clone is None else Cloned(clone).update(p))
         if truth is not None and self.settings.verify:
             _accumulate(e.owner, "verify", capture.verify_miss(u, truth, meant, p), norms=True)
@@ -764,6 +763,9 @@ def _verify_error(e: _Entry, miss: float, truth: float, told: set[str]) -> float
 
 _KINDS = ("p", "grad", "u")
 """The moments of each entry, in the columns of its :class:`~monitored_optim.stats.MomentTable`."""
+
+_MISSES = ("crossed", "exact")
+"""The pieces of :func:`~monitored_optim.capture.misses`, for the snapshot rule's next decision."""
 
 _CENTRED = (True, True, True)
 """Per kind of :data:`_KINDS`, whether a parameter not measured before takes the centred pass."""
