@@ -13,9 +13,8 @@ update is a few units in the last place (warmup learning rates, bf16). So:
   there the rounding cannot be inverted: two p_before map to one p_after), is complex, *shares
   its storage* with another monitored parameter, or is a float32/float64 matrix whose values sit
   so close to a power of two that crossings would matter (near-constant ones; a block at 1.0): as
-  the last logging steps measured (:func:`rounding_risk`, :func:`misses`, for
-  :data:`SNAPSHOT_FOR` logging steps after the last risky one), or, before the first, as found when
-  the optimizer is built (:func:`risky_when_built`).
+  the last logging step measured (:func:`rounding_risk`, :func:`at_powers_of_two`), or, before the
+  first, as found when the optimizer is built (:func:`risky_when_built`).
 * **Inversion** (:func:`stored_change`): for the other matrices the view's update is turned into
   the stored change by inverting the store's rounding in the parameter's own dtype:
   p_before = fl(fl(p_after - d) / s) for p_after = fl(fl(s·p_before) + d) (s = 1 - lr·λ under
@@ -59,8 +58,8 @@ def snapshot_reason(p: Tensor, aliased: bool, risky: bool) -> str | None:
         p: the parameter (any shape, floating or complex dtype).
         aliased: another monitored parameter shares ``p``'s storage (a tensor listed twice, views
             of one buffer): the optimizer's updates of both land in the same memory.
-        risky: :func:`rounding_risk` of one of the last :data:`SNAPSHOT_FOR` logging steps was above
-            :data:`RISK_ABOVE`, or, before the first, :func:`risky_when_built`.
+        risky: :func:`rounding_risk` of the last logging step, or, before the first,
+            :func:`risky_when_built`.
 
     Returns:
         ``"aliased"``, ``"vector"``, ``"low precision"``, ``"complex"`` (its real and imaginary parts
@@ -79,39 +78,38 @@ def snapshot_reason(p: Tensor, aliased: bool, risky: bool) -> str | None:
 
 
 def rounding_risk(eps: Tensor, mean_sq_p: Tensor, std_p: Tensor, std_u: Tensor, sq_u: Tensor | None = None,
-                  crossed: Tensor | None = None, exact: Tensor | None = None) -> Tensor:
+                  exact: Tensor | None = None) -> Tensor:
     """Whether an inversion of the store may miss more than the tolerances allow, per parameter.
 
     A store's spacing is about eps·|p|, and an element can be recovered wrongly by up to one spacing
     only where the spacing changes: where the step crossed a power of two, or where p sits exactly
     at one (p_before = 1.0 with an update below half a spacing stays at 1.0 and is recovered as
-    1 - eps/2; one moving up from it is recovered from below). Two measures, from :func:`misses`
-    where the last logging step took them (NaN elsewhere, or None):
+    1 - eps/2; one moving up from it is recovered from below). Two measures:
 
-    * **exact** elements (at a power of two before or after): their misses lean one way (a block at
-      1.0 moves together), so they bound the relative error of ||u|| at first order,
-      eps · sqrt(exact) / ||u||; above :data:`ALIGNED_ABOVE` (also where nothing else moved);
-    * **crossed** elements, whose misses fall either way on spread values: their share of ||u||^2,
-      eps^2 · crossed / ||u||^2, or where not measured the estimate eps^2 · E[p^2] / (std(u) · std(p))
-      (a fraction of about std(u) / std(p) of the elements cross); above :data:`RISK_ABOVE`. No
-      update (std(u) zero or undefined) is no risk here.
+    * spread values crossing a power of two, whose misses fall either way: their share of ||u||^2,
+      estimated from the moments as eps^2 · E[p^2] / (std(u) · std(p)) (a fraction of about
+      std(u) / std(p) of the elements cross); above :data:`RISK_ABOVE`. No update (std(u) zero or
+      undefined) is no risk here;
+    * elements exactly at a power of two before or after the step (``exact``,
+      :func:`at_powers_of_two` where the last logging step measured it, NaN elsewhere): their misses
+      lean one way (a block at 1.0 moves together), so they bound the relative error of ||u|| at
+      first order, eps · sqrt(exact) / ||u||; above :data:`ALIGNED_ABOVE`, also where nothing else
+      moved.
 
     Args:
         eps, mean_sq_p, std_p, std_u: float64 tensors of one shape: each parameter's :func:`eps`,
             E[p^2], std(p) and std(u) from the last logging step.
-        sq_u, crossed, exact: float64 tensors of that shape, ||u||^2 and :func:`misses`' two sums
-            (NaN where not measured), or None.
+        sq_u, exact: float64 tensors of that shape, ||u||^2 and :func:`at_powers_of_two`, or None.
 
     Returns:
         Bool tensor of that shape.
     """
     moved = std_u.nan_to_num(nan=0.0) > 0
-    share = eps * eps * mean_sq_p / (std_u * std_p)
-    aligned = torch.zeros_like(share)
-    if sq_u is not None and crossed is not None and exact is not None:
-        share = torch.where(crossed.isnan(), share, eps * eps * crossed / sq_u)
-        aligned = (eps * exact.sqrt() / sq_u.sqrt()).nan_to_num(nan=0.0, posinf=1.0)
-    return (moved & (share.nan_to_num(nan=0.0, posinf=1.0) > RISK_ABOVE)) | (aligned > ALIGNED_ABOVE)
+    share = (eps * eps * mean_sq_p / (std_u * std_p)).nan_to_num(nan=0.0, posinf=1.0)
+    risky = moved & (share > RISK_ABOVE)
+    if sq_u is not None and exact is not None:
+        risky |= (eps * exact.sqrt() / sq_u.sqrt()).nan_to_num(nan=0.0, posinf=1.0) > ALIGNED_ABOVE
+    return risky
 
 
 ALIGNED_ABOVE = 5e-5
@@ -120,33 +118,23 @@ is snapshotted: half the 1e-4 tolerance on norms."""
 
 
 BITS = {torch.float32: (torch.int32, 23), torch.float64: (torch.int64, 52)}
-"""Per dtype, the integer dtype of its bits and its mantissa's width: a value's sign and exponent
-are the bits above."""
+"""Per dtype, the integer dtype of its bits and its mantissa's width."""
 
 
-def misses(before: Tensor, after: Tensor) -> Tensor:
-    """Where an inversion of the store may miss, for :func:`rounding_risk`: ``[Σ p_after^2 over the
-    elements whose sign or exponent changed from before to after, Σ p_after^2 over those exactly at
-    a power of two (no mantissa bits) before or after]``, float64 of shape (2,). Plain torch ops:
-    the fused passes trace the same function.
+def at_powers_of_two(before: Tensor, after: Tensor) -> Tensor:
+    """Σ p_after^2 over the elements exactly at a power of two (no mantissa bits) before or after the
+    step, where an inversion of the store may miss (:func:`rounding_risk`), float64 of shape (1,).
+    Plain torch ops: the fused passes trace the same function; summed in the tensors' dtype, enough
+    for a bound.
 
     Args:
         before, after: float32/float64 tensors of one shape and dtype (a part before and after the
             step: its snapshot, or the inversion's p_before).
     """
     ints, mantissa = BITS[after.dtype]
-    a, b = after.view(ints), before.view(ints)
     low = (1 << mantissa) - 1
-    crossed = torch.bitwise_right_shift(torch.bitwise_xor(a, b), mantissa) != 0
-    exact = (torch.bitwise_and(a, low) == 0) | (torch.bitwise_and(b, low) == 0)
-    return torch.stack([torch.where(m, after, 0).square().sum(dtype=torch.float64) for m in (crossed, exact)])
-
-
-SNAPSHOT_FOR = 8
-"""Logging steps a float32/float64 matrix stays snapshotted after the last one whose
-:func:`rounding_risk` was above :data:`RISK_ABOVE`: a step's crossings do not tell the next one's
-(half a matrix at 1.0 under AdamW at lr 1e-7 crossed at one step, at none the next, at 2,284 elements
-the one after), so a matrix goes back to the inversion only after that many quiet ones."""
+    exact = (torch.bitwise_and(after.view(ints), low) == 0) | (torch.bitwise_and(before.view(ints), low) == 0)
+    return torch.where(exact, after, 0).square().sum().double().reshape(1)
 
 
 NEAR_CONSTANT = 1e-2
@@ -179,16 +167,14 @@ def risky_when_built(params: list[Tensor]) -> list[bool]:
 
 
 def _at_powers_of_two(x: Tensor) -> Tensor:
-    """``[Σ x^2 over the elements exactly at a power of two (no mantissa bits), Σ x^2]`` of a float32/
-    float64 matrix, float64 of shape (2,), a slice of whole rows (at most 2^20 elements) at a time."""
-    ints, mantissa = BITS[x.dtype]
+    """``[:func:`at_powers_of_two` (x, x), Σ x^2]`` of a float32/float64 matrix, float64 of shape (2,),
+    a slice of whole rows (at most 2^20 elements) at a time."""
     rows = max(1, (1 << 20) // max(1, x[0].numel()))
     sums = torch.zeros(2, dtype=torch.float64, device=x.device)
     for start in range(0, x.shape[0], rows):
         piece = x[start:start + rows]
-        exact = torch.where(piece.view(ints).bitwise_and((1 << mantissa) - 1) == 0, piece, 0)
-        sums += torch.stack([torch.linalg.vector_norm(exact, dtype=torch.float64),
-                             torch.linalg.vector_norm(piece, dtype=torch.float64)]).square()
+        sums += torch.cat([at_powers_of_two(piece, piece), torch.linalg.vector_norm(piece, dtype=torch.float64)
+                           .square().reshape(1)])
     return sums
 
 

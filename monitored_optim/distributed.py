@@ -234,6 +234,7 @@ class Sharding:
                 piece from :attr:`local`) and ``.pieces``, a dict of float64 device tensors computed
                 from the local piece: ``"p"``, ``"grad"``, ``"u"`` (``(mean, m2)`` from
                 :func:`~monitored_optim.stats.moments`, shape ``(2,)``), ``"lost"`` (a count, shape
+                ``(1,)``), ``"exact"`` (a sum, :func:`~monitored_optim.capture.at_powers_of_two`, shape
                 ``(1,)``), ``"verify"`` (two L2 norms, shape ``(2,)``). A piece may be missing on a
                 rank (no grad there, an unchanged local shard, an empty shard).
 
@@ -276,8 +277,8 @@ class Sharding:
     def _table(self, entries: list[Any], fingerprint: float) -> Tensor:
         """The local table, shape ``(1 + P·slots, 4)`` float64 (P = ``len(_PIECES)``). Row 0:
         ``(1, f, f², failed)``. Per parameter slot s, rows ``1 + Ps + k`` for the pieces of :data:`_PIECES` in order, columns:
-        moments ``(w·n, w·Σx, w·Σx², present)``, count ``(w·c, 0, 0, present)``, norms
-        ``(w·a², w·b², 0, present)``; ``present`` is 1 where the rank had the piece (unweighted).
+        moments ``(w·n, w·Σx, w·Σx², present)``, count or sum ``(w·c, 0, 0, present)``,
+        norms ``(w·a², w·b², 0, present)``; ``present`` is 1 where the rank had the piece (unweighted).
         Built with one stack of the pieces, one small host-to-device copy and one scatter."""
         values, meta = [], []  # meta per piece: (table row, w·n, w, n > 0, kind code)
         for e in entries:
@@ -314,8 +315,7 @@ class Sharding:
         return table
 
 
-_PIECES = {"p": "moments", "grad": "moments", "u": "moments", "lost": "count", "crossed": "count",
-           "exact": "count", "verify": "norms"}
+_PIECES = {"p": "moments", "grad": "moments", "u": "moments", "lost": "count", "exact": "count", "verify": "norms"}
 """How each of the monitor's per-parameter device pieces combines across ranks."""
 
 _ORDER = {key: i for i, key in enumerate(_PIECES)}

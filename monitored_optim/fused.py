@@ -151,16 +151,19 @@ def shifted_rows(xs: Sequence[Tensor]) -> Tensor:
 
 
 def prior(xs: list[Tensor]) -> Tensor:
-    """Before the step, in one pass: per tensor ``[min, max, c, Σ(x - c), sqrt(Σ(x - c)^2)]`` in
-    float64, shape ``(k, 5)``: the bounds (where they are equal, a matrix initialised at 0, p_before
-    is that value exactly, ``capture.bounds``) and the :func:`shifted_rows` of p_before, taken here
-    because p_after - u cannot give p_before where the step made p non-finite."""
+    """Before the step, in one pass: per tensor ``[min, max, c, Σ(x - c), sqrt(Σ(x - c)^2), exact]`` in
+    float64, shape ``(k, 6)``: the bounds (where they are equal, a matrix initialised at 0, p_before
+    is that value exactly, ``capture.bounds``), the :func:`shifted_rows` of p_before, taken here
+    because p_after - u cannot give p_before where the step made p non-finite, and
+    :func:`~monitored_optim.capture.at_powers_of_two` of p_before (here, where it costs nothing: in
+    :func:`inverted`'s pass the bit test made the kernel 50% slower, measured)."""
     bounds = torch.stack([torch.stack([x.min(), x.max()]).double() for x in xs])
-    return torch.cat([bounds, shifted_rows(xs)], 1)
+    exact = torch.cat([capture.at_powers_of_two(x, x) for x in xs]).unsqueeze(1)
+    return torch.cat([bounds, shifted_rows(xs), exact], 1)
 
 
 def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factors: Tensor, s: Tensor | None,
-             extremes: Tensor, after: list[Tensor], grads: list[Tensor]) -> tuple[Tensor, Tensor]:
+             extremes: Tensor, after: list[Tensor], grads: list[Tensor]) -> Tensor:
     """Rows of the grad and u of parameters whose update is rebuilt from state.
 
     Args:
@@ -172,18 +175,16 @@ def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factor
         after: the k parameters after the step (float32/float64, each with its grad in ``grads``).
 
     Returns:
-        ``(rows, misses)``: float64 tensors of shapes ``(2, k, 3)``, the :func:`shifted_rows` of the
-        grad and of u (those of p_before come from :func:`prior`), and ``(k, 2)``, each parameter's
-        :func:`~monitored_optim.capture.misses` of its inversion.
+        Float64 tensor of shape ``(2, k, 3)``: :func:`shifted_rows` of the grad and of u (those of
+        p_before come from :func:`prior`).
     """
-    changes, misses = [], []
+    changes = []
     for p, r, f, (lo, hi) in zip(after, rebuild(*args), factors.unbind(), extremes.unbind()):
         b = p - (r * f).to(p.dtype)  # the nearest value to p - d, rounded in p's dtype
         b = b if s is None else b / s.to(p.dtype)
         b = torch.where(lo == hi, lo.to(p.dtype), b)  # a constant is recovered exactly
         changes.append(p - b)  # exact (Sterbenz)
-        misses.append(capture.misses(b, p))
-    return grad_and_change_rows(grads, changes), torch.stack(misses)
+    return grad_and_change_rows(grads, changes)
 
 
 def grad_and_change_rows(grads: list[Tensor], changes: list[Tensor]) -> Tensor:
@@ -193,9 +194,9 @@ def grad_and_change_rows(grads: list[Tensor], changes: list[Tensor]) -> Tensor:
 
 def snapshotted(before: list[Tensor], after: list[Tensor], grads: list[Tensor]) -> tuple[Tensor, Tensor]:
     """Rows of p_before, grad and u = p_after - p_before of parameters with an exact snapshot, float64
-    of shape ``(3, k, 3)``, and their :func:`~monitored_optim.capture.misses` (``(k, 2)``)."""
+    of shape ``(3, k, 3)``, and their :func:`~monitored_optim.capture.at_powers_of_two` (``(k,)``)."""
     rows = [shifted_rows(before), shifted_rows(grads), shifted_rows([p - b for p, b in zip(after, before)])]
-    return torch.stack(rows), torch.stack([capture.misses(b, p) for p, b in zip(after, before)])
+    return torch.stack(rows), torch.cat([capture.at_powers_of_two(b, p) for p, b in zip(after, before)])
 
 
 def copied(xs: list[Tensor]) -> list[Tensor]:

@@ -152,7 +152,7 @@ class Monitor:
         self._warned_unnamed = False
         self._verify_told: set[str] = set()
         self._centre: dict[str, tuple[bool, bool, bool]] = {}  # name -> per kind of _KINDS
-        self._risky: dict[str, int] = {}  # name -> logging steps it stays snapshotted (capture.SNAPSHOT_FOR)
+        self._risky: set[str] = set()
         self._budget = capture.PART_ELEMENTS * 4
         self._fuser = fused.Fuser(self.settings.compile)
         _warn_if_shared(self.settings)
@@ -202,8 +202,8 @@ class Monitor:
             warn(f"monitored_optim: the parameter selection (MonitorConfig params=/exclude= or MONITORED_OPTIM_PARAMS) "
                  f"matches none of the {len(every)} parameters, so nothing is monitored; their names look like "
                  f"{every[0][0]!r}", RuntimeWarning)
-        self._risky.update((n, capture.SNAPSHOT_FOR) for (n, _), near in
-                           zip(chosen, capture.risky_when_built([p for _, p in chosen])) if near)
+        flags = capture.risky_when_built([p for _, p in chosen])
+        self._risky.update(n for (n, _), risky in zip(chosen, flags) if risky)
 
     def watch(self, model: torch.nn.Module) -> list[str]:
         """Warn once about each trainable parameter of ``model`` that no param group holds, and
@@ -344,9 +344,10 @@ class Monitor:
         rebuilt = [e for e in entries if e.fused and e.snapshot is None and e.flat is None]
         for chunk in _device_chunks(rebuilt):  # the bounds and p_before's sums of those the view rebuilds
             rows = self._fuser(fused.prior, [e.p for e in chunk], device=chunk[0].p.device)
-            batch.put(rows[:, 2:], [stats.count(e.p) for e in chunk], [e.slots["p"] for e in chunk])
-            for e, extremes in zip(chunk, rows[:, :2].unbind()):
+            batch.put(rows[:, 2:5], [stats.count(e.p) for e in chunk], [e.slots["p"] for e in chunk])
+            for e, extremes, exact in zip(chunk, rows[:, :2].unbind(), rows[:, 5:].unbind()):
                 e.extremes = extremes
+                e.pieces["exact"] = exact
         eager = [e for e in entries if not e.fused]
         _record(batch, eager, "p", [e.p for e in eager], self._centring(eager, "p"))
         if self.settings.figures & {"grad_to_data", "norms", "health"}:
@@ -487,10 +488,10 @@ class Monitor:
         centre = table.needs_centring.tolist()
         eps = torch.tensor([capture.eps(e.p.dtype) for e in entries], dtype=torch.float64)
         std = table.std
-        misses = torch.tensor([[got[k][0] if k in got else math.nan for k in _MISSES] for got, _ in hosted],
-                              dtype=torch.float64).reshape(-1, 2)
+        exact = torch.tensor([got["exact"][0] if "exact" in got else math.nan for got, _ in hosted],
+                             dtype=torch.float64)
         risky = capture.rounding_risk(eps, table.sq_norm[:, 0] / table.n[:, 0].clamp(min=1), std[:, 0], std[:, 2],
-                                      table.sq_norm[:, 2], *misses.unbind(1)).tolist()
+                                      table.sq_norm[:, 2], exact).tolist()
         tags: list[str] = []
         values: list[float] = []
         for e, (got, n), row, flags, risk in zip(entries, hosted, columns, centre, risky):
@@ -502,18 +503,8 @@ class Monitor:
                 values.append(got["lost"][0] / n)
             if n:
                 self._centre[e.name] = (flags[0], flags[1] if grad else self._centre.get(e.name, _CENTRED)[1], flags[2])
-                self._still_risky(e.name, risk and "u" in got)
+                (self._risky.add if risk and "u" in got else self._risky.discard)(e.name)
         return dict(zip(tags, values))
-
-    def _still_risky(self, name: str, risky: bool) -> None:
-        """After a logging step: snapshot ``name`` for the next :data:`~monitored_optim.capture.SNAPSHOT_FOR`
-        logging steps where its rounding risk was above the bound, one fewer where it was not."""
-        if risky:
-            self._risky[name] = capture.SNAPSHOT_FOR
-        elif self._risky.get(name, 1) > 1:
-            self._risky[name] -= 1
-        else:
-            self._risky.pop(name, None)
 
     def _fuse(self, entries: list[_Entry], state: dict[Tensor, dict[str, Any]], batch: stats.Batch) -> None:
         """The rows of every fused entry into ``batch``: p_before, grad and u of each flat chunk
@@ -537,13 +528,15 @@ class Monitor:
             for i in range(0, len(members), fused.CHUNK):
                 chunk = members[i:i + fused.CHUNK]
                 after, grads = [e.p for e in chunk], _grads(chunk)
-                rows, missed = (
-                    self._fuser(fused.snapshotted, [e.snapshot.before for e in chunk], after, grads, device=key[1])
-                    if key[-1] else self._rebuilt_rows(chunk[0].group, after, [state.get(p, {}) for p in after], grads,
-                                                       [e.extremes for e in chunk]))
+                if key[-1]:
+                    rows, exact = self._fuser(fused.snapshotted, [e.snapshot.before for e in chunk], after, grads,
+                                              device=key[1])
+                    for e, value in zip(chunk, exact.unbind()):
+                        e.pieces["exact"] = value.reshape(1)
+                else:
+                    rows = self._rebuilt_rows(chunk[0].group, after, [state.get(p, {}) for p in after], grads,
+                                              [e.extremes for e in chunk])
                 self._put(batch, chunk, rows, _KINDS if key[-1] else _KINDS[1:])
-                for e, pair in zip(chunk, missed.unbind()):
-                    e.pieces.update(zip(_MISSES, pair.reshape(2, 1).unbind()))
 
     @staticmethod
     def _put(batch: stats.Batch, chunk: list[_Entry], rows: Tensor, kinds: tuple[str, ...],
@@ -560,10 +553,9 @@ class Monitor:
                 batch.put(table, counts, [e.slots[kind] for e in chunk])
 
     def _rebuilt_rows(self, group: dict[str, Any], after: list[Tensor], states: list[dict[str, Any]],
-                      grads: list[Tensor], extremes: list[Tensor]) -> tuple[Tensor, Tensor]:
+                      grads: list[Tensor], extremes: list[Tensor]) -> Tensor:
         """:func:`~monitored_optim.fused.inverted` of a chunk through the view's fused form, or, where
-        it has none for these states, the same rows and crossings from the view's eager rebuild and
-        inversion."""
+        it has none for these states, the same rows from the view's eager rebuild and inversion."""
         form = self.view.fused(group, after, states)  # type: ignore[attr-defined]
         if form is not None:
             return self._fuser(fused.inverted, *form, torch.stack(extremes), after, grads, device=after[0].device)
@@ -571,8 +563,7 @@ class Monitor:
         for p, result, bound in zip(after, rebuild(self.view, group, after, states, [None] * len(after)), extremes):
             u = capture.stored_change(p, result, None, bound.to(p.dtype))[0]
             changes.append(torch.zeros_like(p) if u is None else u)
-        return (fused.grad_and_change_rows(grads, changes),
-                torch.stack([capture.misses(p - u, p) for p, u in zip(after, changes)]))
+        return fused.grad_and_change_rows(grads, changes)
 
     def _measure_updates(self, chunk: list[_Entry], states: list[dict[str, Any]], batch: stats.Batch) -> None:
         """The stored change of each part of one chunk (one param group, one device): rebuilt by the
@@ -618,8 +609,8 @@ class Monitor:
         if p.dtype in capture.LOW_PRECISION:
             _accumulate(e.owner, "lost", capture.lost(u, meant, cut(e.p.grad)))
         elif before is not None and e.whole.dim() >= 2 and p.dtype in capture.BITS:  # may it go back to the inversion?
-            for key, value in zip(_MISSES, capture.misses(before, p).reshape(2, 1).unbind()):  # (measuring every
-                _accumulate(e.owner, key, value)  # inverted one too would cost 1.5 ms, 0.4 of an AdamW step here)
+            _accumulate(e.owner, "exact", capture.at_powers_of_two(before, p))  # (on every inverted part
+            # too: 75 us a 64K-element part, 0.6 of the benchmark's AdamW step)
         truth = u if before is not None else (None if clone is None else Cloned(clone).update(p))
         if truth is not None and self.settings.verify:
             _accumulate(e.owner, "verify", capture.verify_miss(u, truth, meant, p), norms=True)
@@ -764,8 +755,6 @@ def _verify_error(e: _Entry, miss: float, truth: float, told: set[str]) -> float
 _KINDS = ("p", "grad", "u")
 """The moments of each entry, in the columns of its :class:`~monitored_optim.stats.MomentTable`."""
 
-_MISSES = ("crossed", "exact")
-"""The pieces of :func:`~monitored_optim.capture.misses`, for the snapshot rule's next decision."""
 
 _CENTRED = (True, True, True)
 """Per kind of :data:`_KINDS`, whether a parameter not measured before takes the centred pass."""

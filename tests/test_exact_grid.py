@@ -244,9 +244,9 @@ def test_matrices_partly_at_a_power_of_two_equal_clone_truth(cid, cls, kwargs, k
     """Elements exactly at a power of two in a matrix that is not near-constant as a whole: an update
     below their spacing leaves them there or moves them across, where the inversion cannot tell the
     two stored neighbours apart. Found when the optimizer is built and measured at every logging
-    step after (``capture.misses``), they keep the matrix snapshotted; 20 steps, past the 8 logging
-    steps a quiet one would release it after. Every logging step's figures within the tolerances of
-    the clone truth."""
+    step after (``capture.at_powers_of_two``), they keep the matrix snapshotted over 20 steps (a
+    first version released it after 8 quiet logging steps, and then missed by up to 2.8e-3 of the
+    norm). Every logging step's figures within the tolerances of the clone truth."""
     gen = torch.Generator().manual_seed(zlib.crc32(cid.encode()))
     named = [("w", torch.nn.Parameter(_at_powers_of_two(kind, gen)))]
     opt = Monitored(cls)(named, **kwargs, monitor=MonitorConfig(backend="none", compile=compile, logdir=tmp_path))
@@ -282,19 +282,17 @@ def test_misses_measured_in_a_fused_step_send_a_matrix_to_the_snapshot(tmp_path)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_misses_sum_the_squares_of_elements_that_changed_binade_or_sit_at_a_power_of_two(dtype):
-    """``capture.misses`` against frexp's exponents, the sign bits and frexp's mantissa of 0.5 (a power
-    of two): values at powers of two moving down, up or not at all, random values, values near 0
-    changing sign."""
+def test_at_powers_of_two_sums_the_squares_of_elements_at_a_power_of_two_before_or_after(dtype):
+    """``capture.at_powers_of_two`` against frexp's mantissa of ±0.5 (a power of two) and 0: values at
+    powers of two moving down, up or not at all, random values, zeros that move."""
     gen = torch.Generator().manual_seed(0)
     powers = 2.0 ** torch.randint(-6, 4, (300,), generator=gen).to(dtype)
     before = torch.cat([powers, -powers, powers, torch.randn(300, generator=gen, dtype=dtype),
-                        torch.full((100,), 1e-6, dtype=dtype)]).reshape(20, 65)
+                        torch.zeros(100, dtype=dtype)]).reshape(20, 65)
     step = torch.cat([-1e-4 * powers, 1e-4 * powers, torch.zeros(300, dtype=dtype),
-                      1e-3 * torch.randn(300, generator=gen, dtype=dtype), torch.full((100,), -2e-6, dtype=dtype)])
+                      1e-3 * torch.randn(300, generator=gen, dtype=dtype), torch.full((100,), 2e-6, dtype=dtype)])
     after = before + step.reshape(20, 65)
-    crossed = (torch.frexp(before).exponent != torch.frexp(after).exponent) | (before.signbit() != after.signbit())
-    exact = (torch.frexp(before).mantissa.abs() == 0.5) | (torch.frexp(after).mantissa.abs() == 0.5)
-    assert 500 < int(crossed.sum()) < 800 and int(exact.sum()) >= 900
-    want = [after[m].double().square().sum().item() for m in (crossed, exact)]
-    assert capture.misses(before, after).tolist() == pytest.approx(want, rel=1e-6)
+    exact = (torch.frexp(before).mantissa.abs() % 0.5 == 0) | (torch.frexp(after).mantissa.abs() % 0.5 == 0)
+    assert int(exact.sum()) == 1000
+    want = after[exact].double().square().sum().item()
+    assert capture.at_powers_of_two(before, after).item() == pytest.approx(want, rel=1e-6)
