@@ -152,7 +152,7 @@ class Monitor:
         self._warned_unnamed = False
         self._verify_told: set[str] = set()
         self._centre: dict[str, tuple[bool, bool, bool]] = {}  # name -> per kind of _KINDS
-        self._risky: set[str] = set()
+        self._risky: dict[str, int] = {}  # name -> logging steps it stays snapshotted (capture.SNAPSHOT_FOR)
         self._budget = capture.PART_ELEMENTS * 4
         self._fuser = fused.Fuser(self.settings.compile)
         _warn_if_shared(self.settings)
@@ -203,7 +203,7 @@ class Monitor:
                  f"matches none of the {len(every)} parameters, so nothing is monitored; their names look like "
                  f"{every[0][0]!r}", RuntimeWarning)
         flags = capture.risky_when_built([p for _, p in chosen])
-        self._risky.update(n for (n, _), risky in zip(chosen, flags) if risky)
+        self._risky.update((n, capture.SNAPSHOT_FOR) for (n, _), risky in zip(chosen, flags) if risky)
 
     def watch(self, model: torch.nn.Module) -> list[str]:
         """Warn once about each trainable parameter of ``model`` that no param group holds, and
@@ -331,7 +331,7 @@ class Monitor:
                 continue
             lead = None
             for part in capture.parts(p, optimizer.state.get(p, {}), cut, self._budget // p.element_size()):
-                e = self._entry(name, group, part, reason, lead)
+                e = self._entry(name, group, part, reason, lead, work=batch.work)
                 lead = lead or e
                 entries.append(e)
         for e in entries:
@@ -398,7 +398,7 @@ class Monitor:
                     x.flat = group
 
     def _entry(self, name: str, group: dict[str, Any], part: capture.Part, reason: str | None,
-               lead: _Entry | None, fuse: bool = False) -> _Entry:
+               lead: _Entry | None, fuse: bool = False, work: capture.Workspace | None = None) -> _Entry:
         """The entry of one part: the snapshot rule's copy where ``reason`` says so (the view is
         still run where its intended update is needed: bf16/fp16 ``update_lost``, verify mode),
         else the view's own snapshot; verify mode's clone where neither holds p_before. ``fuse``:
@@ -414,6 +414,9 @@ class Monitor:
             e.copy = part.p.detach().clone()
         if e.before is None:
             e.extremes = capture.bounds(part.p)
+            exact = capture.at_powers_of_two_bound(part.p, e.extremes, work)
+            if exact is not None:
+                _accumulate(e.owner, "exact", exact)
         if verify and e.before is None:
             e.clone = part.p.detach().clone()
         return e
@@ -503,8 +506,18 @@ class Monitor:
                 values.append(got["lost"][0] / n)
             if n:
                 self._centre[e.name] = (flags[0], flags[1] if grad else self._centre.get(e.name, _CENTRED)[1], flags[2])
-                (self._risky.add if risk and "u" in got else self._risky.discard)(e.name)
+                self._still_risky(e.name, risk and "u" in got)
         return dict(zip(tags, values))
+
+    def _still_risky(self, name: str, risky: bool) -> None:
+        """After a logging step: snapshot ``name`` for the next :data:`~monitored_optim.capture.SNAPSHOT_FOR`
+        logging steps where its rounding risk was above the bounds, one fewer where it was not."""
+        if risky:
+            self._risky[name] = capture.SNAPSHOT_FOR
+        elif self._risky.get(name, 1) > 1:
+            self._risky[name] -= 1
+        else:
+            self._risky.pop(name, None)
 
     def _fuse(self, entries: list[_Entry], state: dict[Tensor, dict[str, Any]], batch: stats.Batch) -> None:
         """The rows of every fused entry into ``batch``: p_before, grad and u of each flat chunk
