@@ -324,3 +324,22 @@ def test_clipping_that_starts_after_the_build_is_snapshotted_from_the_next_loggi
         with torch.no_grad():
             named[0][1].clamp_(-0.5, 0.5)
     assert "rounding risk" in opt.monitor.describe()
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided-vector"])
+def test_at_powers_of_two_bound_counts_nonzero_powers_of_two(layout):
+    """``capture.at_powers_of_two_bound``: the count of nonzero elements exactly at a power of two
+    (zeros left out: they invert exactly) times the largest p², at least the exact sum; none for a
+    part larger than the workspace's buffer."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 500, generator=gen)
+    x.view(-1)[::7] = 2.0 ** torch.randint(-4, 2, (x.numel() // 7 + 1,), generator=gen).float()
+    x.view(-1)[3::11] = 0.0
+    x = {"contiguous": x, "transposed": x.t(), "strided-vector": x.view(-1)[::2]}[layout]
+    bits = x.contiguous().view(torch.int32)
+    count = int((((bits & ((1 << 23) - 1)) == 0) & (x.contiguous() != 0)).sum())
+    want = count * x.abs().max().item() ** 2
+    got = capture.at_powers_of_two_bound(x, capture.bounds(x), capture.Workspace(x.numel() * 4)).item()
+    assert got == pytest.approx(want, rel=1e-6)  # the largest p² squared in float32
+    assert got >= capture.at_powers_of_two(x, x).item()
+    assert capture.at_powers_of_two_bound(x, capture.bounds(x), capture.Workspace(x.numel() * 4 - 4)) is None
