@@ -276,9 +276,10 @@ class Sharding:
 
     def _table(self, entries: list[Any], fingerprint: float) -> Tensor:
         """The local table, shape ``(1 + P·slots, 4)`` float64 (P = ``len(_PIECES)``). Row 0:
-        ``(1, f, f², failed)``. Per parameter slot s, rows ``1 + Ps + k`` for the pieces of :data:`_PIECES` in order, columns:
-        moments ``(w·n, w·Σx, w·Σx², present)``, count or sum ``(w·c, 0, 0, present)``,
-        norms ``(w·a², w·b², 0, present)``; ``present`` is 1 where the rank had the piece (unweighted).
+        ``(1, f, f², failed)``. Per parameter slot s, rows ``1 + Ps + k`` for the pieces of
+        :data:`_PIECES` in order, columns: moments ``(w·n, w·Σx, w·Σx², present)``, count or sum
+        ``(w·c, 0, 0, present)``, norms ``(w·a², w·b², 0, present)``; ``present`` is 1 where the rank
+        had the piece (unweighted).
         Built with one stack of the pieces, one small host-to-device copy and one scatter."""
         values, meta = [], []  # meta per piece: (table row, w·n, w, n > 0, kind code)
         for e in entries:

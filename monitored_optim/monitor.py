@@ -621,9 +621,9 @@ class Monitor:
             return None
         if p.dtype in capture.LOW_PRECISION:
             _accumulate(e.owner, "lost", capture.lost(u, meant, cut(e.p.grad)))
-        elif before is not None and e.whole.dim() >= 2 and p.dtype in capture.BITS:  # may it go back to the inversion?
-            _accumulate(e.owner, "exact", capture.at_powers_of_two(before, p))  # (on every inverted part
-            # too: 75 us a 64K-element part, 0.6 of the benchmark's AdamW step)
+        elif before is not None and e.whole.dim() >= 2 and p.dtype in capture.BITS:  # may it go back to the
+            _accumulate(e.owner, "exact", capture.at_powers_of_two(before, p))  # inversion? (inverted parts:
+            # at_powers_of_two_bound, before the step, in _entry)
         truth = u if before is not None else (None if clone is None else Cloned(clone).update(p))
         if truth is not None and self.settings.verify:
             _accumulate(e.owner, "verify", capture.verify_miss(u, truth, meant, p), norms=True)
@@ -767,7 +767,6 @@ def _verify_error(e: _Entry, miss: float, truth: float, told: set[str]) -> float
 
 _KINDS = ("p", "grad", "u")
 """The moments of each entry, in the columns of its :class:`~monitored_optim.stats.MomentTable`."""
-
 
 _CENTRED = (True, True, True)
 """Per kind of :data:`_KINDS`, whether a parameter not measured before takes the centred pass."""

@@ -267,16 +267,16 @@ def test_matrices_partly_at_a_power_of_two_equal_clone_truth(cid, cls, kwargs, k
                 named[0][1].clamp_(-1, 1)
 
 
-def test_misses_measured_in_a_fused_step_send_a_matrix_to_the_snapshot(tmp_path):
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "fused"])
+def test_powers_of_two_measured_before_a_step_send_a_matrix_to_the_snapshot(compile, tmp_path):
     """Half a matrix set to 1.0 after the optimizer is built (so not found then): AdamW's first step
-    from exactly 1.0 at lr 1e-7 inverts exactly; what the fused capture measures in its pass
-    snapshots the matrix from the second logging step on. Every logging step within the clone
-    truth's tolerances. (The eager capture measures on the matrices it snapshots only: on every
-    inverted one it would cost 0.4 of an AdamW step.)"""
+    from exactly 1.0 at lr 1e-7 inverts exactly; what the capture measures before it (the fused
+    pass's sum, the eager inversion's bound) snapshots the matrix from the second logging step on.
+    Every logging step within the clone truth's tolerances."""
     gen = torch.Generator().manual_seed(0)
     named = [("w", torch.nn.Parameter(torch.randn(256, 256, generator=gen)))]
     opt = Monitored(O.AdamW)(named, lr=1e-7, weight_decay=0.01,
-                             monitor=MonitorConfig(backend="none", compile=True, logdir=tmp_path))
+                             monitor=MonitorConfig(backend="none", compile=compile, logdir=tmp_path))
     with torch.no_grad():
         named[0][1].view(-1)[:256 * 128] = 1.0
     assert "rounding risk" not in opt.monitor.describe()
