@@ -498,6 +498,9 @@ def storage_key(p: Tensor) -> int | None:
 def shared(params: Iterable[Tensor]) -> set[int]:
     """The ids of those of ``params`` whose storage (:func:`storage_key`) is used more than once among
     them (a tensor listed twice, views of one buffer): the optimizer's updates land in the same memory."""
-    keys = [(id(p), storage_key(p)) for p in params]
-    count = Counter(key for _, key in keys if key is not None)
-    return {i for i, key in keys if key is not None and count[key] > 1}
+    params = list(params)
+    keys = [storage_key(p) for p in params]
+    if len(set(keys)) == len(keys):  # all distinct (the usual case)
+        return set()
+    count = Counter(keys)
+    return {id(p) for p, key in zip(params, keys) if key is not None and count[key] > 1}

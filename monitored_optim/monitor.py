@@ -313,30 +313,36 @@ class Monitor:
         cut = split and elementwise(self.view)
         chosen = [(group, n, p) for group, names in zip(optimizer.param_groups, _names(optimizer, self._model_names))
                   for n, p in zip(names, group["params"]) if self.settings.select(n, p)]
-        self._budget = capture.budget(sum(_nbytes(p) for _, _, p in chosen))
+        self._budget = capture.budget(sum(p.numel() * p.element_size() for _, _, p in chosen))
         batch.work.nbytes = self._budget  # its buffers: one chunk's temporaries
         ways = {id(g): self._fusion(g) for g in optimizer.param_groups} if fuse else {}
         for group, name, p in chosen:
+            way = ways.get(id(group))
+            kind = self._fusable(p) if way is not None else None
+            if kind == "flat":  # copied into its chunk's buffer: the view is not run, so no part
+                e = _Entry(name, group, p, None, fused=True)
+                small.append(e)
+                entries.append(e)
+                continue
             if not (p.is_floating_point() or p.is_complex()):
                 continue  # integer tensors (frozen quantized weights) are never stepped
             reason = capture.snapshot_reason(p, id(p) in shared, name in self._risky)
-            kind = self._fusable(ways[id(group)], p, reason) if fuse else None
-            if kind is not None:  # whole, its sums taken after the step
-                if kind == "rebuilt":
-                    e = self._entry(name, group, capture.Part(p, optimizer.state.get(p, {}), p), None, None, True)
-                else:  # copied: the view is not run, so no part
-                    e = _Entry(name, group, p, None, fused=True)
-                    (small if kind == "flat" else copies).append(e)
+            if kind == "whole" and reason is not None:  # the snapshot rule's copy, taken compiled
+                e = _Entry(name, group, p, None, fused=True)
+                copies.append(e)
                 entries.append(e)
+                continue
+            if kind == "whole" and way == "rebuild":  # the view's fused form, its sums after the step
+                entries.append(self._entry(name, group, capture.Part(p, optimizer.state.get(p, {}), p), None, None, True))
                 continue
             lead = None
             for part in capture.parts(p, optimizer.state.get(p, {}), cut, self._budget // p.element_size()):
                 e = self._entry(name, group, part, reason, lead, work=batch.work)
                 lead = lead or e
                 entries.append(e)
-        for e in entries:
-            if e.lead is None:
-                e.slots = dict(zip(_KINDS, batch.slots(len(_KINDS))))
+        leads = [e for e in entries if e.lead is None]
+        for e, first in zip(leads, batch.slots(len(_KINDS) * len(leads))[::len(_KINDS)]):
+            e.slots = {"p": first, "grad": first + 1, "u": first + 2}  # _KINDS
         self._flatten(small)
         for chunk in _device_chunks(copies):  # the snapshot rule's copies of fused entries
             for e, before in zip(chunk, self._fuser(fused.copied, [e.p for e in chunk], device=chunk[0].p.device)):
@@ -364,23 +370,22 @@ class Monitor:
         fusable = getattr(self.view, "fusable", None)
         return "rebuild" if fusable is not None and fusable(group) else "copy"
 
-    def _fusable(self, way: str | None, p: Tensor, reason: str | None) -> str | None:
-        """How the fused capture takes ``p`` under its group's :meth:`_fusion` ``way``, if it does: a
+    def _fusable(self, p: Tensor) -> str | None:
+        """Whether the fused capture may take ``p`` where its group's :meth:`_fusion` allows it: a
         non-empty dense float32/float64 parameter with a grad of its dtype, either ``"flat"`` (at most
-        :data:`~monitored_optim.fused.SMALL` elements, compiled or not), or, where compiling is enabled
-        for its device, ``"copy"`` (the snapshot rule's) or ``"rebuilt"`` (the view's fused form)."""
+        :data:`~monitored_optim.fused.SMALL` elements, compiled or not) or ``"whole"`` (where compiling
+        is enabled for its device: the snapshot rule's copy, or, where the group's way is ``"rebuild"``,
+        the view's fused form); None where it may not."""
         grad = p.grad
-        if way is None or not (p.dtype in (torch.float32, torch.float64) and type(p) in (Tensor, torch.nn.Parameter)
-                               and p.layout == torch.strided and p.numel() > 0 and grad is not None
-                               and grad.layout == torch.strided and grad.dtype == p.dtype):
+        if grad is None or type(p) not in (Tensor, torch.nn.Parameter):
             return None
-        if p.numel() <= fused.SMALL:
+        dtype, n = p.dtype, p.numel()
+        if not (dtype in (torch.float32, torch.float64) and grad.dtype is dtype and n > 0
+                and p.layout is torch.strided and grad.layout is torch.strided):
+            return None
+        if n <= fused.SMALL:
             return "flat"
-        if not fused.enabled(self.settings.compile, p.device):
-            return None
-        if reason is not None:
-            return "copy"
-        return "rebuilt" if way == "rebuild" else None
+        return "whole" if fused.enabled(self.settings.compile, p.device) else None
 
     def _flatten(self, small: list[_Entry]) -> None:
         """Cut the flat entries into chunks of one param group, device and dtype of at most
@@ -489,7 +494,8 @@ class Monitor:
         columns = torch.stack([norm[:, 0], norm[:, 2], table.log10_ratio(2, 0),
                                norm[:, 1], table.log10_ratio(1, 0)], 1).tolist()
         centre = table.needs_centring.tolist()
-        eps = torch.tensor([capture.eps(e.p.dtype) for e in entries], dtype=torch.float64)
+        eps_of = {dtype: capture.eps(dtype) for dtype in {e.p.dtype for e in entries}}
+        eps = torch.tensor([eps_of[e.p.dtype] for e in entries], dtype=torch.float64)
         std = table.std
         exact = torch.tensor([got["exact"][0] if "exact" in got else math.nan for got, _ in hosted],
                              dtype=torch.float64)
@@ -506,7 +512,8 @@ class Monitor:
                 values.append(got["lost"][0] / n)
             if n:
                 self._centre[e.name] = (flags[0], flags[1] if grad else self._centre.get(e.name, _CENTRED)[1], flags[2])
-                self._still_risky(e.name, risk and "u" in got)
+                if risk or e.name in self._risky:
+                    self._still_risky(e.name, risk and "u" in got)
         return dict(zip(tags, values))
 
     def _still_risky(self, name: str, risky: bool) -> None:
@@ -690,11 +697,13 @@ def _names(optimizer: torch.optim.Optimizer, known: dict[int, str] | None = None
     A name given twice (two modules' ``named_parameters()`` in two groups both say ``weight``) gets
     ``@group{i}`` appended where it repeats, so that no figure overwrites another.
     """
-    names, k, seen = [], 0, set()
+    names, k, seen, known = [], 0, set(), known or {}
     for i, group in enumerate(optimizer.param_groups):
         given = group.get("param_names")
-        own = list(given) if given else [(known or {}).get(id(p), f"param{k + j}") for j, p in enumerate(group["params"])]
-        own = [n if n not in seen else f"{n}@group{i}" for n in own]
+        own = list(given) if given else [known[id(p)] if id(p) in known else f"param{k + j}"
+                                         for j, p in enumerate(group["params"])]
+        if not seen.isdisjoint(own):
+            own = [n if n not in seen else f"{n}@group{i}" for n in own]
         seen.update(own)
         names.append(own)
         k += len(group["params"])

@@ -51,11 +51,15 @@ class Spikes(Family):
         self._history = torch.full((0, len(FIGURES), WINDOW), math.nan, dtype=torch.float64)
         self._count = torch.zeros((0, len(FIGURES)), dtype=torch.long)
         self._told = False
+        self._names: tuple[str, ...] = ()
+        self._rows = torch.zeros(0, dtype=torch.long)  # the table rows of _names
 
     def figures(self, step: Any) -> dict[str, float]:
-        names = list(step.names)
-        self._grow(names)
-        rows = torch.tensor([self._row[name] for name in names], dtype=torch.long)
+        names = tuple(step.names)
+        if names != self._names:  # the same parameters as the last logging step: the same rows
+            self._grow(names)
+            self._names, self._rows = names, torch.tensor([self._row[name] for name in names], dtype=torch.long)
+        rows = self._rows
         x = _values(step.table, step.lrs)
         past, count = self._history[rows], self._count[rows]
         median = _median(past, count)
@@ -66,8 +70,8 @@ class Spikes(Family):
         r, k = keep.nonzero(as_tuple=True)
         self._history[rows[r], k, count[r, k] % WINDOW] = x[r, k]
         self._count[rows[r], k] += 1
-        hits = spike.tolist()
-        spiking = [(name, [kind for kind, hit in zip(FIGURES, row) if hit]) for name, row in zip(names, hits) if any(row)]
+        spiking = [(names[i], [kind for kind, hit in zip(FIGURES, spike[i].tolist()) if hit])
+                   for i in spike.any(1).nonzero().flatten().tolist()]  # a bool table's tolist is slow
         if spiking and not self._told:
             self._told = True
             shown = ", ".join(f"{name!r} ({' and '.join(kinds)})" for name, kinds in spiking[:5])
@@ -76,7 +80,7 @@ class Spikes(Family):
                  f"last {WINDOW} logged values (health/spikes counts them at every logging step)", RuntimeWarning)
         return {"health/spikes": float(len(spiking))}
 
-    def _grow(self, names: list[str]) -> None:
+    def _grow(self, names: tuple[str, ...]) -> None:
         """Rows for names not seen before."""
         new = [name for name in names if name not in self._row]
         if not new:
@@ -94,8 +98,8 @@ def _values(table: Any, lrs: list[float | None]) -> Tensor:
     undefined ratio). From the step's :class:`~monitored_optim.stats.MomentTable`."""
     grad_norm = table.norm[:, 1]
     log_norm = torch.where(grad_norm > 0, grad_norm.log10(), math.nan)
-    per_lr = torch.tensor([math.log10(lr) if lr is not None and lr > 0 else 0.0 for lr in lrs],
-                          dtype=torch.float64).reshape(-1)
+    logs = {lr: math.log10(lr) if lr is not None and lr > 0 else 0.0 for lr in set(lrs)}  # one per group
+    per_lr = torch.tensor([logs[lr] for lr in lrs], dtype=torch.float64).reshape(-1)
     return torch.stack([log_norm, table.log10_ratio(2, 0) - per_lr], 1)
 
 
