@@ -489,10 +489,14 @@ def _is_one(s: float | Tensor) -> bool:
 def storage_key(p: Tensor) -> int | None:
     """The address of ``p``'s storage (its data pointer less its offset), None for a tensor with none
     to share: sparse, or without memory (meta, empty)."""
-    if p.layout != torch.strided:
+    if p.layout is not torch.strided:
         return None
-    address = p.data_ptr()
-    return None if address == 0 else address - p.storage_offset() * p.element_size()
+    try:
+        address = p.untyped_storage().data_ptr()
+    except RuntimeError:  # a wrapper subclass whose storage is not its own (DTensor): its data pointer
+        address = p.data_ptr()  # (0 for a DTensor) says whether it has one
+        address = address and address - p.storage_offset() * p.element_size()
+    return address or None
 
 
 def shared(params: Iterable[Tensor]) -> set[int]:

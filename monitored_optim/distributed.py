@@ -225,7 +225,7 @@ class Sharding:
             out[key] = value
         return out
 
-    def reduce(self, entries: list[Any]) -> list[tuple[dict[str, list[float]], float]]:
+    def reduce(self, entries: list[Any]) -> tuple[list[float], Tensor, Tensor, list[dict[str, list[float]]]]:
         """Global host values of every entry's device pieces: ONE ``all_reduce`` (SUM) of one float64
         table, then one device-to-host copy.
 
@@ -239,11 +239,12 @@ class Sharding:
                 rank (no grad there, an unchanged local shard, an empty shard).
 
         Returns:
-            Per entry ``(got, n)``, as the single-process path builds them from ``stats.Moments.host``:
-            ``got`` maps each piece that at least one rank had to its value for the whole parameter
-            (``[mean, m2]`` over all N elements, a piece missing on a rank counting as zeros there;
-            ``[count]``; ``[norm, norm]``), and ``n`` is N, the parameter's total element count (a
-            float holding an integer).
+            ``(counts, pairs, present, pieces)``, as the single-process path builds them from
+            ``stats.Moments.host``, for the whole parameters: per entry N, its total element count (a
+            float holding an integer); float64 ``(E, 3, 2)``, the ``(mean, m2)`` over all N elements
+            of each of :data:`~monitored_optim.stats.KINDS` (a piece missing on a rank counting as
+            zeros there; zeros where no rank had it); bool ``(E, 3)``, whether some rank had it; and
+            per entry a dict of the other pieces that some rank had (``[count]``, ``[norm, norm]``).
 
         Raises:
             RuntimeError: ranks disagree on the parameter names or count, or a rank failed to build
@@ -272,7 +273,16 @@ class Sharding:
                 "(their names or number differ), so figures cannot be combined. Every rank must step a "
                 "monitored optimizer over the same named parameters on the same steps (data, tensor and "
                 "fully sharded parallelism); pipeline stages that own different parameters are not supported.")
-        return [_hosted(host, self._slot[id(e.p)]) for e in entries]
+        counts, pairs, present, pieces = [], [], [], []
+        for e in entries:
+            n, got = _hosted(host, self._slot[id(e.p)])
+            counts.append(n)
+            pairs += [got.get(kind, [0.0, 0.0]) for kind in stats.KINDS]
+            present += [kind in got for kind in stats.KINDS]
+            pieces.append({key: value for key, value in got.items() if key not in stats.KINDS})
+        shape = (len(entries), len(stats.KINDS))
+        return (counts, torch.tensor(pairs, dtype=torch.float64).reshape(*shape, 2),
+                torch.tensor(present, dtype=torch.bool).reshape(shape), pieces)
 
     def _table(self, entries: list[Any], fingerprint: float) -> Tensor:
         """The local table, shape ``(1 + P·slots, 4)`` float64 (P = ``len(_PIECES)``). Row 0:
@@ -329,8 +339,9 @@ def _empty_table(slots: int, fingerprint: float, device: torch.device) -> Tensor
     return table
 
 
-def _hosted(host: list[list[float]], slot: int) -> tuple[dict[str, list[float]], float]:
-    """``(got, n)`` of one slot from the reduced host table (see :meth:`Sharding.reduce`)."""
+def _hosted(host: list[list[float]], slot: int) -> tuple[float, dict[str, list[float]]]:
+    """``(n, got)`` of one slot from the reduced host table (see :meth:`Sharding.reduce`): its
+    element count and its value of every piece that some rank had."""
     rows = host[1 + len(_PIECES) * slot: 1 + len(_PIECES) * (slot + 1)]
     n = float(round(rows[_ORDER["p"]][0]))
     got: dict[str, list[float]] = {}
@@ -345,7 +356,7 @@ def _hosted(host: list[list[float]], slot: int) -> tuple[dict[str, list[float]],
             got[key] = [a]
         else:
             got[key] = [math.sqrt(max(a, 0.0)), math.sqrt(max(b, 0.0))]
-    return got, n
+    return n, got
 
 
 class _LocalOptimizer:

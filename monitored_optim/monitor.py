@@ -151,7 +151,7 @@ class Monitor:
         self._model_names: dict[int, str] = {}
         self._warned_unnamed = False
         self._verify_told: set[str] = set()
-        self._centre: dict[str, tuple[bool, bool, bool]] = {}  # name -> per kind of _KINDS
+        self._centre: dict[str, tuple[bool, bool, bool]] = {}  # name -> per kind of stats.KINDS
         self._risky: dict[str, int] = {}  # name -> logging steps it stays snapshotted (capture.SNAPSHOT_FOR)
         self._budget = capture.PART_ELEMENTS * 4
         self._fuser = fused.Fuser(self.settings.compile)
@@ -341,8 +341,8 @@ class Monitor:
                 lead = lead or e
                 entries.append(e)
         leads = [e for e in entries if e.lead is None]
-        for e, first in zip(leads, batch.slots(len(_KINDS) * len(leads))[::len(_KINDS)]):
-            e.slots = {"p": first, "grad": first + 1, "u": first + 2}  # _KINDS
+        for e, first in zip(leads, batch.slots(len(stats.KINDS) * len(leads))[::len(stats.KINDS)]):
+            e.slots = {"p": first, "grad": first + 1, "u": first + 2}  # stats.KINDS
         self._flatten(small)
         for chunk in _device_chunks(copies):  # the snapshot rule's copies of fused entries
             for e, before in zip(chunk, self._fuser(fused.copied, [e.p for e in chunk], device=chunk[0].p.device)):
@@ -428,7 +428,7 @@ class Monitor:
 
     def _centring(self, entries: list[_Entry], kind: str) -> list[bool]:
         """Per entry, whether its ``kind`` moments need the centred pass (unknown ones do)."""
-        k = _KINDS.index(kind)
+        k = stats.KINDS.index(kind)
         return [self._centre.get(e.name, _CENTRED)[k] for e in entries]
 
     @torch.no_grad()
@@ -441,36 +441,39 @@ class Monitor:
         self._fuse([e for e in entries if e.fused], state, batch)
         rows = batch.finish()
         entries = [e for e in entries if e.lead is None]
-        by_name = {e.name: e for e in entries}
-        for fam in self._device_families:
-            for name, pieces in fam.done().items():
-                for key, value in pieces.items():
-                    _accumulate(by_name[name], key, value)
+        if self._device_families:
+            by_name = {e.name: e for e in entries}
+            for fam in self._device_families:
+                for name, pieces in fam.done().items():
+                    for key, value in pieces.items():
+                        _accumulate(by_name[name], key, value)
         self._describe(entries)
         tensor_lrs = _tensor_lrs(optimizer)
         if sharding is None:  # one host copy per device of the moments, every other piece and Tensor lrs
+            counts = [float(stats.count(e.whole)) for e in entries]
             pieces = [piece for e in entries for piece in e.pieces.values()]
-            pairs, extra = rows.host(pieces + list(tensor_lrs.values()))
-            hosted, read = _hosted(entries, pairs, extra[:len(pieces)]), extra[len(pieces):]
+            index = torch.tensor([e.slots[kind] for e in entries for kind in stats.KINDS], dtype=torch.long)
+            pairs, present, extra = rows.host(index.reshape(-1, len(stats.KINDS)), pieces + list(tensor_lrs.values()))
+            own, read = _host_pieces(entries, extra[:len(pieces)]), extra[len(pieces):]
         else:  # whole-parameter values and counts: one all_reduce, one host copy (and one for Tensor lrs)
             for e in entries:
                 e.pieces.update({kind: rows[slot] for kind, slot in e.slots.items() if rows[slot] is not None})
-            hosted = sharding.reduce(entries)
-            read = stats.Moments({}, {}, 0).host(list(tensor_lrs.values()))[1]
-        table = _moment_table(entries, hosted)
-        norm = table.norm
-        figures = self._parameter_figures(entries, hosted, table, norm)
+            counts, pairs, present, own = sharding.reduce(entries)
+            read = stats.Moments({}, {}, 0).host(torch.zeros(0, dtype=torch.long), list(tensor_lrs.values()))[2]
+        hosted = stats.Hosted(_moment_table(entries, counts, pairs, present), own)
+        table = hosted.table
+        figures = self._parameter_figures(entries, hosted)
         sq_norms = table.sq_norm.sum(0).tolist()
         figures.update({f"global/{kind}_norm": math.sqrt(v) for kind, v in zip(("param", "grad", "update"), sq_norms)})
         errors = [_verify_error(e, *got["verify"], told=self._verify_told)
-                  for e, (got, _) in zip(entries, hosted) if "verify" in got]
+                  for e, got in zip(entries, own) if "verify" in got]
         lrs = _group_lrs(optimizer, dict(zip(tensor_lrs, read)))
         figures.update(_learning_rates(optimizer, lrs))
         group_lr = {id(group): lr for group, lr in zip(optimizer.param_groups, lrs)}
         if "health" in self.settings.figures:  # its counts and warnings need the grads it reduces
-            figures.update(self.health.figures(_health_records(entries, hosted, table), self.step))
+            figures.update(self.health.figures(_health_records(entries, table), self.step))
         if self._families:
-            step = families.Step(self.step, [e.name for e in entries], table, [got for got, _ in hosted],
+            step = families.Step(self.step, [e.name for e in entries], table, own,
                                  [group_lr.get(id(e.group)) for e in entries],
                                  [e.whole.shape for e in entries])
             for fam in self._families:
@@ -486,25 +489,25 @@ class Monitor:
                 self.health.check_watched(model, optimizer)
         return figures
 
-    def _parameter_figures(self, entries: list[_Entry], hosted: list[tuple[dict[str, list[float]], float]],
-                           table: stats.MomentTable, norm: Tensor) -> dict[str, float]:
-        """Per-parameter figures from the table and its ``norm`` (undefined ratios come out NaN and
-        are dropped later), and each parameter's centring and snapshot decisions for the next
-        logging step."""
+    def _parameter_figures(self, entries: list[_Entry], hosted: stats.Hosted) -> dict[str, float]:
+        """Per-parameter figures from the host values (undefined ratios come out NaN and are dropped
+        later), and each parameter's centring and snapshot decisions for the next logging step."""
+        table, norm = hosted.table, hosted.table.norm
         columns = torch.stack([norm[:, 0], norm[:, 2], table.log10_ratio(2, 0),
                                norm[:, 1], table.log10_ratio(1, 0)], 1).tolist()
         centre = table.needs_centring.tolist()
         eps_of = {dtype: capture.eps(dtype) for dtype in {e.p.dtype for e in entries}}
         eps = torch.tensor([eps_of[e.p.dtype] for e in entries], dtype=torch.float64)
         std = table.std
-        exact = torch.tensor([got["exact"][0] if "exact" in got else math.nan for got, _ in hosted],
+        exact = torch.tensor([got["exact"][0] if "exact" in got else math.nan for got in hosted.pieces],
                              dtype=torch.float64)
         risky = capture.rounding_risk(eps, table.sq_norm[:, 0] / table.n[:, 0].clamp(min=1), std[:, 0], std[:, 2],
                                       table.sq_norm[:, 2], exact).tolist()
         tags: list[str] = []
         values: list[float] = []
-        for e, (got, n), row, flags, risk in zip(entries, hosted, columns, centre, risky):
-            named, grad = _tags(e.name), "grad" in got
+        for e, got, n, (_, grad, moved), row, flags, risk in zip(entries, hosted.pieces, table.n[:, 0].tolist(),
+                                                                 table.has.tolist(), columns, centre, risky):
+            named = _tags(e.name)
             tags += named if grad else named[:3]
             values += row if grad else row[:3]
             if "lost" in got and n > 0:
@@ -513,7 +516,7 @@ class Monitor:
             if n:
                 self._centre[e.name] = (flags[0], flags[1] if grad else self._centre.get(e.name, _CENTRED)[1], flags[2])
                 if risk or e.name in self._risky:
-                    self._still_risky(e.name, risk and "u" in got)
+                    self._still_risky(e.name, risk and moved)
         return dict(zip(tags, values))
 
     def _still_risky(self, name: str, risky: bool) -> None:
@@ -543,7 +546,7 @@ class Monitor:
             after = _flatten_dense_tensors([e.p for e in chunk.members])
             grads = _flatten_dense_tensors(_grads(chunk.members))
             rows = fused.flat(chunk.before, after, grads, chunk.lengths)  # eager: faster than compiled here
-            self._put(batch, chunk.members, rows, _KINDS, chunk.sizes)
+            self._put(batch, chunk.members, rows, stats.KINDS, chunk.sizes)
         for key, members in kinds.items():
             for i in range(0, len(members), fused.CHUNK):
                 chunk = members[i:i + fused.CHUNK]
@@ -556,7 +559,7 @@ class Monitor:
                 else:
                     rows = self._rebuilt_rows(chunk[0].group, after, [state.get(p, {}) for p in after], grads,
                                               [e.extremes for e in chunk])
-                self._put(batch, chunk, rows, _KINDS if key[-1] else _KINDS[1:])
+                self._put(batch, chunk, rows, stats.KINDS if key[-1] else stats.KINDS[1:])
 
     @staticmethod
     def _put(batch: stats.Batch, chunk: list[_Entry], rows: Tensor, kinds: tuple[str, ...],
@@ -774,11 +777,8 @@ def _verify_error(e: _Entry, miss: float, truth: float, told: set[str]) -> float
     return miss / truth if truth > 0 else (0.0 if miss == 0 else math.inf)
 
 
-_KINDS = ("p", "grad", "u")
-"""The moments of each entry, in the columns of its :class:`~monitored_optim.stats.MomentTable`."""
-
 _CENTRED = (True, True, True)
-"""Per kind of :data:`_KINDS`, whether a parameter not measured before takes the centred pass."""
+"""Per kind of :data:`~monitored_optim.stats.KINDS`, whether a parameter not measured before takes the centred pass."""
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -788,41 +788,30 @@ def _tags(name: str) -> tuple[str, ...]:
             f"grad_norm/{name}", f"grad_to_data/{name}")
 
 
-def _hosted(entries: list[_Entry], pairs: list[list[float] | None], values: list[list[float]]
-            ) -> list[tuple[dict[str, list[float]], float]]:
-    """Per entry ``(got, n)`` from :meth:`~monitored_optim.stats.Moments.host`'s ``(pairs, values)``
-    (``values`` in the order of the entries' pieces): ``got`` maps each kind with rows and each piece
-    to its host values, ``n`` is the parameter's element count."""
+def _host_pieces(entries: list[_Entry], values: list[list[float]]) -> list[dict[str, list[float]]]:
+    """Per entry, its pieces' host values, from ``values`` in the order of the entries' pieces."""
     values = iter(values)
-    out = []
-    for e in entries:
-        got = {kind: pairs[slot] for kind, slot in e.slots.items() if pairs[slot] is not None}
-        for key in e.pieces:
-            got[key] = next(values)
-        out.append((got, stats.count(e.whole)))
-    return out
+    return [{key: next(values) for key in e.pieces} if e.pieces else {} for e in entries]
 
 
-def _moment_table(entries: list[_Entry], hosted: list[tuple[dict[str, list[float]], float]]) -> stats.MomentTable:
-    """The host values of a logging step as one table; a missing grad or update counts as zeros
-    (no update: the parameter did not move)."""
-    zero = (0.0, 0.0)
-    flat = [x for got, _ in hosted for kind in _KINDS for x in got.get(kind, zero)]  # flat lists convert fast
-    pairs = torch.tensor(flat, dtype=torch.float64).reshape(len(hosted), len(_KINDS), 2)
-    n = torch.tensor([float(n) for _, n in hosted], dtype=torch.float64).reshape(-1, 1)
+def _moment_table(entries: list[_Entry], counts: list[float], pairs: Tensor, present: Tensor) -> stats.MomentTable:
+    """The host moments of a logging step as one table: ``counts``, the entries' element counts;
+    ``pairs``, float64 ``(N, K, 2)`` of ``(mean, m2)`` per kind of :data:`~monitored_optim.stats.KINDS`,
+    zeros where ``present`` (bool ``(N, K)``) says a kind had no values (no grad; no update: the
+    parameter did not move)."""
     uncentred = None  # every entry centred (the fused capture's)
     if any(e.centred for e in entries):
-        uncentred = torch.tensor([not e.centred.get(kind, True) for e in entries for kind in _KINDS],
-                                 dtype=torch.bool).reshape(len(entries), len(_KINDS))
-    return stats.MomentTable(n, pairs[..., 0], pairs[..., 1], uncentred)
+        uncentred = torch.tensor([not e.centred.get(kind, True) for e in entries for kind in stats.KINDS],
+                                 dtype=torch.bool).reshape(len(entries), len(stats.KINDS))
+    n = torch.tensor(counts, dtype=torch.float64).reshape(-1, 1)
+    return stats.MomentTable(n, pairs[..., 0], pairs[..., 1], uncentred, present)
 
 
-def _health_records(entries: list[_Entry], hosted: list[tuple[dict[str, list[float]], float]],
-                    table: stats.MomentTable) -> list[ParamHealth]:
+def _health_records(entries: list[_Entry], table: stats.MomentTable) -> list[ParamHealth]:
     finite, zero_update = table.finite.tolist(), table.all_zero[:, 2].tolist()
     records = []
-    for e, (got, n), ok, still in zip(entries, hosted, finite, zero_update):
-        has_grad = "grad" in got
+    for e, n, has_grad, ok, still in zip(entries, table.n[:, 0].tolist(), table.has[:, 1].tolist(), finite,
+                                         zero_update):
         bad = () if all(ok) else tuple(label for label, fine, present in zip(("value", "grad", "update"), ok,
                                                                              (True, has_grad, True)) if present and not fine)
         records.append(ParamHealth(e.name, has_grad, has_grad and still and n > 0, bad))  # empty: nothing to change

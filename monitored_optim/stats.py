@@ -221,7 +221,7 @@ class Batch:
         for key, (rows, idx) in self._rows(counts).items():
             per_device.setdefault(key[0], []).append((rows, idx))
         tables: dict[torch.device, Tensor] = {}
-        order: dict[torch.device, list[int]] = {}
+        order: dict[torch.device, Tensor] = {}
         owners = _int64(self._owner)
         for device, chunks in per_device.items():
             rows = torch.cat([r for r, _ in chunks])
@@ -235,7 +235,7 @@ class Batch:
                                zeros.index_add(0, owner, n * rows[:, 0]) / total)
             m2 = zeros.index_add(0, owner, rows[:, 1] + n * (rows[:, 0] - mean[owner]).square())
             tables[device] = torch.stack([mean, m2], 1)
-            order[device] = slots.tolist()
+            order[device] = slots
         return Moments(tables, order, self._slots)
 
     def _reserve(self, key: tuple[torch.device, int], k: int) -> int:
@@ -290,11 +290,11 @@ class Batch:
 @dataclass(frozen=True)
 class Moments:
     """``(mean, m2)`` of the slots of a finished :class:`Batch`: ``tables[device]``, float64 of shape
-    ``(S_d, 2)``, whose row j is slot ``order[device][j]``, of ``slots`` slots in all (a slot in no
-    table has no rows)."""
+    ``(S_d, 2)``, whose row j is slot ``order[device][j]`` (int64 CPU tensors of shape ``(S_d,)``), of
+    ``slots`` slots in all (a slot in no table has no rows)."""
 
     tables: dict[torch.device, Tensor]
-    order: dict[torch.device, list[int]]
+    order: dict[torch.device, Tensor]
     slots: int
 
     def __getitem__(self, slot: int) -> Tensor | None:
@@ -305,28 +305,33 @@ class Moments:
     @functools.cached_property
     def _where(self) -> dict[int, tuple[torch.device, int]]:
         """Slot -> ``(device, row)``, built at the first :meth:`__getitem__` (the sharded path's)."""
-        return {slot: (device, j) for device, held in self.order.items() for j, slot in enumerate(held)}
+        return {slot: (device, j) for device, held in self.order.items() for j, slot in enumerate(held.tolist())}
 
-    def host(self, extra: list[Tensor]) -> tuple[list[list[float] | None], list[list[float]]]:
-        """Every slot's ``[mean, m2]`` and each of ``extra`` (1-D float64 device tensors) on the host,
-        with one device-to-host copy per device.
+    def host(self, index: Tensor, extra: list[Tensor]) -> tuple[Tensor, Tensor, list[list[float]]]:
+        """The ``(mean, m2)`` of the slots ``index`` names and each of ``extra`` (1-D float64 device
+        tensors) on the host, with one device-to-host copy per device.
+
+        Args:
+            index: int64 CPU tensor of slots, of any shape S.
 
         Returns:
-            ``(rows, values)``: per slot its pair (None where it has no rows), and ``extra[i].tolist()``
-            for each i.
+            ``(pairs, present, values)``: float64 of shape ``S + (2,)`` (zeros for a slot with no
+            rows), bool of shape S (the slot has rows), and ``extra[i].tolist()`` for each i.
         """
-        rows: list[list[float] | None] = [None] * self.slots
+        pairs = torch.zeros((self.slots, 2), dtype=torch.float64)
+        present = torch.zeros(self.slots, dtype=torch.bool)
         values: list[list[float]] = [[] for _ in extra]
         for device in set(self.tables) | {x.device for x in extra}:
             mine = [i for i, x in enumerate(extra) if x.device == device]
             table = self.tables.get(device, torch.zeros((0, 2), dtype=torch.float64, device=device))
             flat = torch.cat([table.reshape(-1), *(extra[i].reshape(-1) for i in mine)]).cpu()
-            for slot, pair in zip(self.order.get(device, []), flat[:table.numel()].view(-1, 2).tolist()):
-                rows[slot] = pair
+            order = self.order.get(device, torch.zeros(0, dtype=torch.long))
+            pairs[order] = flat[:table.numel()].view(-1, 2)
+            present[order] = True
             rest, k = flat[table.numel():].tolist(), 0
             for i in mine:
                 values[i], k = rest[k:k + extra[i].numel()], k + extra[i].numel()
-        return rows, values
+        return pairs[index], present[index], values
 
 
 def _int64(values: array) -> Tensor:
@@ -396,6 +401,20 @@ def _dense_real(x: Tensor) -> Tensor:
     return x
 
 
+KINDS = ("p", "grad", "u")
+"""The kinds of a logging step's :class:`MomentTable`, in its columns: p_before, its grad, its update."""
+
+
+@dataclass(frozen=True)
+class Hosted:
+    """A logging step's values on the host, one row per monitored parameter: the moments of its
+    :data:`KINDS` and the host values of its other pieces (``{key: [floats]}``: ``exact``, ``lost``,
+    ``verify`` and the families')."""
+
+    table: MomentTable
+    pieces: list[dict[str, list[float]]]
+
+
 @dataclass(frozen=True)
 class MomentTable:
     """Host-side moments of N tensors of K kinds each (a logging step: p, grad, u per parameter).
@@ -410,12 +429,15 @@ class MomentTable:
         mean: shape ``(N, K)``, float64 means.
         m2: shape ``(N, K)``, float64 sums of squared deviations from the mean.
         uncentred: bool ``(N, K)``, moments that came from uncentred float32 sums (None: none did).
+        present: bool ``(N, K)``, the kinds that had values (a parameter with no grad, or no update,
+            has zeros there); None: all did. Read as :attr:`has`.
     """
 
     n: Tensor
     mean: Tensor
     m2: Tensor
     uncentred: Tensor | None = None
+    present: Tensor | None = None
     _ratios: dict[tuple[int, int], Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @functools.cached_property
@@ -427,6 +449,11 @@ class MomentTable:
         if self.uncentred is None:
             return std
         return torch.where(self.uncentred & (self.mean.square() > RELIABLE_BELOW * self.var), math.nan, std)
+
+    @functools.cached_property
+    def has(self) -> Tensor:
+        """Bool ``(N, K)``: :attr:`present`, all True where it is None."""
+        return self.present if self.present is not None else torch.ones_like(self.mean, dtype=torch.bool)
 
     @functools.cached_property
     def var(self) -> Tensor:

@@ -50,9 +50,10 @@ class OptimizerState(Family):
         zero_grad = table.all_zero[:, 1].tolist()
         rms_u = (table.sq_norm[:, 2] / table.n[:, 0].clamp(min=1)).sqrt().tolist()
         count = 0
-        for name, pieces, lr, size, rms, zero in zip(step.names, step.pieces, step.lrs, n, rms_u, zero_grad):
-            count += "grad" in pieces and zero
-            if lr and "u" in pieces:
+        for name, pieces, lr, size, rms, zero, (_, grad, moved) in zip(step.names, step.pieces, step.lrs, n, rms_u,
+                                                                       zero_grad, table.has.tolist()):
+            count += grad and zero
+            if lr and moved:
                 out[f"normalized_update_rms/{name}"] = rms / lr
             if "eps_count" in pieces and size:
                 out[f"eps_dominated/{name}"] = pieces["eps_count"][0] / size
