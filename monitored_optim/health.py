@@ -9,6 +9,7 @@ thousand layers stop changing at once gets one warning, not a thousand).
 
 from __future__ import annotations
 
+from itertools import compress
 from typing import Callable, NamedTuple
 
 import torch
@@ -23,20 +24,21 @@ Three logging steps tell a frozen-by-mistake or lost-to-rounding parameter from 
 happened to leave it alone (Rprop's suppressed steps, a zero gradient row)."""
 
 
-class ParamHealth(NamedTuple):
-    """What one logging step saw of one parameter.
+class Checks(NamedTuple):
+    """What one logging step saw of the monitored parameters, one element per parameter in order.
 
     Attributes:
-        name: the parameter's name.
+        names: the parameters' names.
         has_grad: ``p.grad`` was not ``None`` for the step.
         unchanged: it had a grad, yet its update is exactly zero in every element.
-        nonfinite: which of ``"value"``, ``"grad"``, ``"update"`` hold a NaN or Inf (empty if none).
+        nonfinite: name -> which of ``"value"``, ``"grad"``, ``"update"`` hold a NaN or Inf, for
+            the parameters where some do.
     """
 
-    name: str
-    has_grad: bool
-    unchanged: bool
-    nonfinite: tuple[str, ...]
+    names: list[str]
+    has_grad: list[bool]
+    unchanged: list[bool]
+    nonfinite: dict[str, tuple[str, ...]]
 
 
 class Health:
@@ -52,20 +54,20 @@ class Health:
         self._no_grad_streak: dict[str, int] = {}
         self._told: set[tuple[str, str]] = set()
 
-    def figures(self, params: list[ParamHealth], step: int) -> dict[str, float]:
+    def figures(self, checks: Checks, step: int) -> dict[str, float]:
         """The ``health/*`` counts for this logging step (floats), warning about new conditions.
 
         Args:
-            params: one record per monitored parameter, in parameter order.
+            checks: the step's :class:`Checks`.
             step: the optimizer step (for the messages).
         """
-        self._warn_nonfinite(params, step)
-        self._warn_unchanged(params, step)
-        self._warn_no_grad(params, step)
+        self._warn_nonfinite(checks.nonfinite, step)
+        self._warn_unchanged(checks, step)
+        self._warn_no_grad(checks, step)
         return {
-            "health/no_grad": float(sum(not p.has_grad for p in params)),
-            "health/unchanged": float(sum(p.unchanged for p in params)),
-            "health/nonfinite": float(sum(bool(p.nonfinite) for p in params)),
+            "health/no_grad": float(len(checks.has_grad) - sum(checks.has_grad)),
+            "health/unchanged": float(sum(checks.unchanged)),
+            "health/nonfinite": float(len(checks.nonfinite)),
             "health/skipped_steps": float(self.skipped_steps),
         }
 
@@ -81,37 +83,43 @@ class Health:
             "optimizer, so it never changes; add it to the optimizer or set requires_grad=False"))
         return missing
 
-    def _warn_nonfinite(self, params: list[ParamHealth], step: int) -> None:
-        bad = {p.name: p.nonfinite for p in params if p.nonfinite}
+    def _warn_nonfinite(self, bad: dict[str, tuple[str, ...]], step: int) -> None:
         order = "also" if any(k == "nonfinite" for k, _ in self._told) else "first"
         self._once("nonfinite", list(bad), lambda name: (
             f"monitored_optim: parameter {name!r} has NaN or Inf in its {' and '.join(bad[name])} at step {step} "
             f"({order} non-finite parameter); look for a too-high learning rate, a division by zero or an "
             "overflow in low precision"))
 
-    def _warn_unchanged(self, params: list[ParamHealth], step: int) -> None:
-        self._warn_streak("unchanged", [p.unchanged for p in params], params, self._unchanged_streak, lambda name, n: (
+    def _warn_unchanged(self, checks: Checks, step: int) -> None:
+        self._warn_streak("unchanged", checks.names, checks.unchanged, self._unchanged_streak, lambda name, n: (
             f"monitored_optim: parameter {name!r} has a gradient but has not changed for {n} logging steps "
             f"(step {step}): a zero gradient (dead ReLU), a zero learning rate, or updates lost to bf16/fp16 "
             "rounding"))
 
-    def _warn_no_grad(self, params: list[ParamHealth], step: int) -> None:
-        self._warn_streak("no_grad", [not p.has_grad for p in params], params, self._no_grad_streak, lambda name, n: (
+    def _warn_no_grad(self, checks: Checks, step: int) -> None:
+        self._warn_streak("no_grad", checks.names, [not g for g in checks.has_grad], self._no_grad_streak,
+                          lambda name, n: (
             f"monitored_optim: parameter {name!r} has had no gradient for {n} logging steps (step {step}): "
             "frozen by mistake, or a layer that forward never uses; unfreeze it or leave it out of the optimizer"))
 
-    def _warn_streak(self, kind: str, now: list[bool], params: list[ParamHealth], streaks: dict[str, int],
+    def _warn_streak(self, kind: str, names: list[str], now: list[bool], streaks: dict[str, int],
                      message: Callable[[str, int], str]) -> None:
-        """Count each parameter's run of logging steps in condition ``kind``; warn about those whose
-        run reached :data:`STALE_AFTER` (``message(first name, its run)``)."""
+        """Count each parameter's run of logging steps in condition ``kind`` (``now``, per name of
+        ``names``); warn about those whose run reached :data:`STALE_AFTER` (``message(first name, its
+        run)``). A name not in ``names`` keeps its run."""
+        flagged = list(compress(names, now))
+        held = set(flagged)
+        ended = [n for n in streaks if n not in held]
+        if ended:  # runs end where the condition no longer holds
+            monitored = set(names)
+            for name in ended:
+                if name in monitored:
+                    del streaks[name]
         stale = []
-        for p, flag in zip(params, now):
-            if flag:
-                run = streaks[p.name] = streaks.get(p.name, 0) + 1
-                if run >= STALE_AFTER:
-                    stale.append(p.name)
-            elif p.name in streaks:  # a run ends (a name not held has none)
-                del streaks[p.name]
+        for name in flagged:
+            run = streaks[name] = streaks.get(name, 0) + 1
+            if run >= STALE_AFTER:
+                stale.append(name)
         if stale:
             self._once(kind, stale, lambda name: message(name, streaks[name]))
 

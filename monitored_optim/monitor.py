@@ -27,7 +27,7 @@ from . import amp, capture, distributed, families, fused, grouping, stats
 from ._warnings import warn
 from .backends import Fanout
 from .config import DEFAULT_FIGURES, MonitorConfig, Settings, family, resolve
-from .health import Health, ParamHealth
+from .health import Checks, Health
 from .updates import CLONE, Cloned, Rows, View, elementwise, raw_step, rebuild, view_for
 from .families.base import Family
 
@@ -471,7 +471,7 @@ class Monitor:
         figures.update(_learning_rates(optimizer, lrs))
         group_lr = {id(group): lr for group, lr in zip(optimizer.param_groups, lrs)}
         if "health" in self.settings.figures:  # its counts and warnings need the grads it reduces
-            figures.update(self.health.figures(_health_records(entries, table), self.step))
+            figures.update(self.health.figures(_health_checks(entries, table), self.step))
         if self._families:
             step = families.Step(self.step, [e.name for e in entries], table, own,
                                  [group_lr.get(id(e.group)) for e in entries],
@@ -807,15 +807,17 @@ def _moment_table(entries: list[_Entry], counts: list[float], pairs: Tensor, pre
     return stats.MomentTable(n, pairs[..., 0], pairs[..., 1], uncentred, present)
 
 
-def _health_records(entries: list[_Entry], table: stats.MomentTable) -> list[ParamHealth]:
-    finite, zero_update = table.finite.tolist(), table.all_zero[:, 2].tolist()
-    records = []
-    for e, n, has_grad, ok, still in zip(entries, table.n[:, 0].tolist(), table.has[:, 1].tolist(), finite,
-                                         zero_update):
-        bad = () if all(ok) else tuple(label for label, fine, present in zip(("value", "grad", "update"), ok,
-                                                                             (True, has_grad, True)) if present and not fine)
-        records.append(ParamHealth(e.name, has_grad, has_grad and still and n > 0, bad))  # empty: nothing to change
-    return records
+def _health_checks(entries: list[_Entry], table: stats.MomentTable) -> Checks:
+    """The :class:`~monitored_optim.health.Checks` of a logging step from its table: a grad where the
+    table has one, unchanged where it had a grad and its update is all zeros, non-finite values,
+    grads (where it had one) and updates."""
+    names = [e.name for e in entries]
+    has_grad = table.has[:, 1]
+    unchanged = has_grad & table.all_zero[:, 2] & (table.n[:, 0] > 0)
+    bad = ~table.finite & torch.stack([torch.ones_like(has_grad), has_grad, torch.ones_like(has_grad)], 1)
+    nonfinite = {names[i]: tuple(label for label, hit in zip(("value", "grad", "update"), row) if hit)
+                 for i, row in zip(bad.any(1).nonzero().flatten().tolist(), bad[bad.any(1)].tolist())}
+    return Checks(names, has_grad.tolist(), unchanged.tolist(), nonfinite)
 
 
 def _tensor_lrs(optimizer: torch.optim.Optimizer) -> dict[int, Tensor]:
