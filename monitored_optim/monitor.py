@@ -16,6 +16,7 @@ import inspect
 import math
 import weakref
 from collections.abc import Callable, Iterator
+from itertools import compress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -462,26 +463,26 @@ class Monitor:
             read = stats.Moments({}, {}, 0).host(torch.zeros(0, dtype=torch.long), list(tensor_lrs.values()))[2]
         hosted = stats.Hosted(_moment_table(entries, counts, pairs, present), own)
         table = hosted.table
-        figures = self._parameter_figures(entries, hosted)
+        figures = self._parameter_figures(entries, hosted)  # finite already
         sq_norms = table.sq_norm.sum(0).tolist()
-        figures.update({f"global/{kind}_norm": math.sqrt(v) for kind, v in zip(("param", "grad", "update"), sq_norms)})
+        rest = {f"global/{kind}_norm": math.sqrt(v) for kind, v in zip(("param", "grad", "update"), sq_norms)}
         errors = [_verify_error(e, *got["verify"], told=self._verify_told)
                   for e, got in zip(entries, own) if "verify" in got]
         lrs = _group_lrs(optimizer, dict(zip(tensor_lrs, read)))
-        figures.update(_learning_rates(optimizer, lrs))
+        rest.update(_learning_rates(optimizer, lrs))
         group_lr = {id(group): lr for group, lr in zip(optimizer.param_groups, lrs)}
         if "health" in self.settings.figures:  # its counts and warnings need the grads it reduces
-            figures.update(self.health.figures(_health_checks(entries, table), self.step))
+            rest.update(self.health.figures(_health_checks(entries, table), self.step))
         if self._families:
             step = families.Step(self.step, [e.name for e in entries], table, own,
                                  [group_lr.get(id(e.group)) for e in entries],
                                  [e.whole.shape for e in entries])
             for fam in self._families:
-                figures.update(fam.figures(step))
+                rest.update(fam.figures(step))
+        figures.update((tag, value) for tag, value in rest.items() if math.isfinite(value))
         chosen = self.settings.figures
-        every = chosen.issuperset(DEFAULT_FIGURES)  # the others (state, spectral) only compute when chosen
-        figures = {tag: value for tag, value in figures.items()
-                   if math.isfinite(value) and (every or family(tag) in chosen)}
+        if not chosen.issuperset(DEFAULT_FIGURES):  # the others (state, spectral) only compute when chosen
+            figures = {tag: value for tag, value in figures.items() if family(tag) in chosen}
         if errors and math.isfinite(max(errors)):
             figures["verify/max_rel_error"] = max(errors)
         for model in (ref() for ref in self._watched):
@@ -490,34 +491,51 @@ class Monitor:
         return figures
 
     def _parameter_figures(self, entries: list[_Entry], hosted: stats.Hosted) -> dict[str, float]:
-        """Per-parameter figures from the host values (undefined ratios come out NaN and are dropped
-        later), and each parameter's centring and snapshot decisions for the next logging step."""
+        """Per-parameter figures from the host values (the five of :func:`_tags`, the grad's only where
+        there was one, none that is undefined or not finite; ``update_lost`` in low precision), and
+        each parameter's centring and snapshot decisions for the next logging step."""
         table, norm = hosted.table, hosted.table.norm
+        names = [e.name for e in entries]
         columns = torch.stack([norm[:, 0], norm[:, 2], table.log10_ratio(2, 0),
-                               norm[:, 1], table.log10_ratio(1, 0)], 1).tolist()
-        centre = table.needs_centring.tolist()
+                               norm[:, 1], table.log10_ratio(1, 0)], 1)
+        shown = columns.isfinite()
+        shown[:, 3:] &= table.has[:, 1:2]
+        tags = compress([tag for name in names for tag in _tags(name)], shown.flatten().tolist())
+        figures = dict(zip(tags, columns[shown].tolist()))
+        n = table.n[:, 0].tolist()
+        for name, got, count in zip(names, hosted.pieces, n):
+            if "lost" in got and count > 0:
+                figures[f"update_lost/{name}"] = got["lost"][0] / count
+        self._decide(entries, names, hosted, n)
+        return figures
+
+    def _decide(self, entries: list[_Entry], names: list[str], hosted: stats.Hosted, n: list[float]) -> None:
+        """After a logging step: which moments of the eager entries take the centred pass next time
+        (``_centre``; the fused capture's are always centred) and which parameters stay snapshotted
+        (:meth:`_still_risky`), for the parameters that had elements (``n``)."""
+        table = hosted.table
+        eager = [i for i, e in enumerate(entries) if not e.fused]
+        if eager:
+            centre, has = table.needs_centring.tolist(), table.has[:, 1].tolist()
+            for i in eager:
+                if n[i]:
+                    flags, name = centre[i], names[i]
+                    self._centre[name] = (flags[0], flags[1] if has[i] else self._centre.get(name, _CENTRED)[1],
+                                          flags[2])
         eps_of = {dtype: capture.eps(dtype) for dtype in {e.p.dtype for e in entries}}
         eps = torch.tensor([eps_of[e.p.dtype] for e in entries], dtype=torch.float64)
-        std = table.std
         exact = torch.tensor([got["exact"][0] if "exact" in got else math.nan for got in hosted.pieces],
                              dtype=torch.float64)
+        std = table.std
         risky = capture.rounding_risk(eps, table.sq_norm[:, 0] / table.n[:, 0].clamp(min=1), std[:, 0], std[:, 2],
-                                      table.sq_norm[:, 2], exact).tolist()
-        tags: list[str] = []
-        values: list[float] = []
-        for e, got, n, (_, grad, moved), row, flags, risk in zip(entries, hosted.pieces, table.n[:, 0].tolist(),
-                                                                 table.has.tolist(), columns, centre, risky):
-            named = _tags(e.name)
-            tags += named if grad else named[:3]
-            values += row if grad else row[:3]
-            if "lost" in got and n > 0:
-                tags.append(f"update_lost/{e.name}")
-                values.append(got["lost"][0] / n)
-            if n:
-                self._centre[e.name] = (flags[0], flags[1] if grad else self._centre.get(e.name, _CENTRED)[1], flags[2])
-                if risk or e.name in self._risky:
-                    self._still_risky(e.name, risk and moved)
-        return dict(zip(tags, values))
+                                      table.sq_norm[:, 2], exact)
+        hot = {names[i] for i in (risky & (table.n[:, 0] > 0) & table.has[:, 2]).nonzero().flatten().tolist()}
+        for name in hot:
+            self._still_risky(name, True)
+        if len(self._risky) > len(hot):  # the others snapshotted by an earlier logging step
+            for i in [i for i, name in enumerate(names) if name in self._risky and name not in hot]:
+                if n[i]:
+                    self._still_risky(names[i], False)
 
     def _still_risky(self, name: str, risky: bool) -> None:
         """After a logging step: snapshot ``name`` for the next :data:`~monitored_optim.capture.SNAPSHOT_FOR`
