@@ -141,6 +141,8 @@ class Monitor:
         self._told_back = False
         self._told_budget = False
         self._described: tuple[str, ...] = ()
+        self._tag_names: tuple[str, ...] = ()  # the names of _tag_list: every _tags of each, in order
+        self._tag_list: list[str] = []
         self._families = families.build(self.settings.figures)
         self._device_families = self._families
         self.base_calls = 0
@@ -500,7 +502,9 @@ class Monitor:
                                norm[:, 1], table.log10_ratio(1, 0)], 1)
         shown = columns.isfinite()
         shown[:, 3:] &= table.has[:, 1:2]
-        tags = compress([tag for name in names for tag in _tags(name)], shown.flatten().tolist())
+        if tuple(names) != self._tag_names:  # the same parameters as the last logging step: the same tags
+            self._tag_names, self._tag_list = tuple(names), [tag for name in names for tag in _tags(name)]
+        tags = compress(self._tag_list, shown.flatten().tolist())
         figures = dict(zip(tags, columns[shown].tolist()))
         n = table.n[:, 0].tolist()
         for name, got, count in zip(names, hosted.pieces, n):
@@ -522,8 +526,9 @@ class Monitor:
                     flags, name = centre[i], names[i]
                     self._centre[name] = (flags[0], flags[1] if has[i] else self._centre.get(name, _CENTRED)[1],
                                           flags[2])
-        eps_of = {dtype: capture.eps(dtype) for dtype in {e.p.dtype for e in entries}}
-        eps = torch.tensor([eps_of[e.p.dtype] for e in entries], dtype=torch.float64)
+        dtypes = [e.p.dtype for e in entries]
+        eps_of = {dtype: capture.eps(dtype) for dtype in set(dtypes)}
+        eps = torch.tensor([eps_of[dtype] for dtype in dtypes], dtype=torch.float64)
         exact = torch.tensor([got["exact"][0] if "exact" in got else math.nan for got in hosted.pieces],
                              dtype=torch.float64)
         std = table.std
