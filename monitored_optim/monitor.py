@@ -453,16 +453,18 @@ class Monitor:
         self._describe(entries)
         tensor_lrs = _tensor_lrs(optimizer)
         if sharding is None:  # one host copy per device of the moments, every other piece and Tensor lrs
-            counts = [float(stats.count(e.whole)) for e in entries]
             pieces = [piece for e in entries for piece in e.pieces.values()]
-            index = torch.tensor([e.slots[kind] for e in entries for kind in stats.KINDS], dtype=torch.long)
-            pairs, present, extra = rows.host(index.reshape(-1, len(stats.KINDS)), pieces + list(tensor_lrs.values()))
+            index = torch.tensor([e.slots[kind] for e in entries for kind in stats.KINDS],
+                                 dtype=torch.long).reshape(-1, len(stats.KINDS))
+            pairs, present, extra = rows.host(index, pieces + list(tensor_lrs.values()))
+            counts = rows.sizes[index[:, 0]]  # p_before's rows cover each parameter once
             own, read = _host_pieces(entries, extra[:len(pieces)]), extra[len(pieces):]
         else:  # whole-parameter values and counts: one all_reduce, one host copy (and one for Tensor lrs)
             for e in entries:
                 e.pieces.update({kind: rows[slot] for kind, slot in e.slots.items() if rows[slot] is not None})
             counts, pairs, present, own = sharding.reduce(entries)
-            read = stats.Moments({}, {}, 0).host(torch.zeros(0, dtype=torch.long), list(tensor_lrs.values()))[2]
+            read = stats.Moments({}, {}, 0, torch.zeros(0)).host(torch.zeros(0, dtype=torch.long),
+                                                               list(tensor_lrs.values()))[2]
         hosted = stats.Hosted(_moment_table(entries, counts, pairs, present), own)
         table = hosted.table
         figures = self._parameter_figures(entries, hosted)  # finite already
@@ -817,7 +819,8 @@ def _host_pieces(entries: list[_Entry], values: list[list[float]]) -> list[dict[
     return [{key: next(values) for key in e.pieces} if e.pieces else {} for e in entries]
 
 
-def _moment_table(entries: list[_Entry], counts: list[float], pairs: Tensor, present: Tensor) -> stats.MomentTable:
+def _moment_table(entries: list[_Entry], counts: Tensor | list[float], pairs: Tensor, present: Tensor
+                  ) -> stats.MomentTable:
     """The host moments of a logging step as one table: ``counts``, the entries' element counts;
     ``pairs``, float64 ``(N, K, 2)`` of ``(mean, m2)`` per kind of :data:`~monitored_optim.stats.KINDS`,
     zeros where ``present`` (bool ``(N, K)``) says a kind had no values (no grad; no update: the
@@ -826,7 +829,7 @@ def _moment_table(entries: list[_Entry], counts: list[float], pairs: Tensor, pre
     if any(e.centred for e in entries):
         uncentred = torch.tensor([not e.centred.get(kind, True) for e in entries for kind in stats.KINDS],
                                  dtype=torch.bool).reshape(len(entries), len(stats.KINDS))
-    n = torch.tensor(counts, dtype=torch.float64).reshape(-1, 1)
+    n = torch.as_tensor(counts, dtype=torch.float64).reshape(-1, 1)
     return stats.MomentTable(n, pairs[..., 0], pairs[..., 1], uncentred, present)
 
 

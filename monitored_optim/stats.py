@@ -236,7 +236,8 @@ class Batch:
             m2 = zeros.index_add(0, owner, rows[:, 1] + n * (rows[:, 0] - mean[owner]).square())
             tables[device] = torch.stack([mean, m2], 1)
             order[device] = slots
-        return Moments(tables, order, self._slots)
+        sizes = torch.zeros(self._slots, dtype=torch.float64).index_add_(0, owners, counts)
+        return Moments(tables, order, self._slots, sizes)
 
     def _reserve(self, key: tuple[torch.device, int], k: int) -> int:
         """Room for ``k`` more rows of sums in the store of ``key`` (device, width); their first index.
@@ -291,11 +292,13 @@ class Batch:
 class Moments:
     """``(mean, m2)`` of the slots of a finished :class:`Batch`: ``tables[device]``, float64 of shape
     ``(S_d, 2)``, whose row j is slot ``order[device][j]`` (int64 CPU tensors of shape ``(S_d,)``), of
-    ``slots`` slots in all (a slot in no table has no rows)."""
+    ``slots`` slots in all (a slot in no table has no rows); ``sizes``, float64 CPU ``(slots,)``: the
+    elements of each slot's rows (:func:`count`; a parameter's p_before slot: its element count)."""
 
     tables: dict[torch.device, Tensor]
     order: dict[torch.device, Tensor]
     slots: int
+    sizes: Tensor
 
     def __getitem__(self, slot: int) -> Tensor | None:
         """The row of ``slot``, a float64 tensor of shape ``(2,)`` on its device, or None."""
