@@ -99,10 +99,11 @@ class _Entry:
 @dataclass
 class _Flat:
     """A chunk of small parameters captured flat (``fused.flat``): its entries (those whose ``flat``
-    it is), their lengths (element counts, as a list and as a tensor on their device) and the flat
-    copy of p_before taken just before the step."""
+    it is) and their parameters, their lengths (element counts, as a list and as a tensor on their
+    device) and the flat copy of p_before taken just before the step."""
 
     members: list[_Entry]
+    params: list[Tensor]
     sizes: list[int]
     lengths: Tensor
     before: Tensor
@@ -400,8 +401,9 @@ class Monitor:
             sizes = [e.p.numel() for e in members]
             for span in fused.flat_chunks(sizes):
                 chunk, lengths = members[span.start:span.stop], sizes[span.start:span.stop]
-                group = _Flat(chunk, lengths, torch.tensor(lengths, device=chunk[0].p.device),
-                              fused.flat_copy([x.p for x in chunk]))
+                params = [x.p for x in chunk]
+                group = _Flat(chunk, params, lengths, torch.tensor(lengths, device=params[0].device),
+                              fused.flat_copy(params))
                 for x in chunk:
                     x.flat = group
 
@@ -568,14 +570,15 @@ class Monitor:
             else:
                 kinds.setdefault((id(e.group), e.p.device, e.p.dtype, e.p.dim(), isinstance(e.snapshot, Cloned)), []).append(e)
         for chunk in flats.values():
-            after = _flatten_dense_tensors([e.p for e in chunk.members])
-            grads = _flatten_dense_tensors(_grads(chunk.members))
-            rows = fused.flat(chunk.before, after, grads, chunk.lengths)  # eager: faster than compiled here
-            self._put(batch, chunk.members, rows, stats.KINDS, chunk.sizes)
+            grads, present = _grads(chunk.params)
+            rows = fused.flat(chunk.before, _flatten_dense_tensors(chunk.params), _flatten_dense_tensors(grads),
+                              chunk.lengths)  # eager: faster than compiled here
+            self._put(batch, chunk.members, rows, stats.KINDS, present, chunk.sizes)
         for key, members in kinds.items():
             for i in range(0, len(members), fused.CHUNK):
                 chunk = members[i:i + fused.CHUNK]
-                after, grads = [e.p for e in chunk], _grads(chunk)
+                after = [e.p for e in chunk]
+                grads, present = _grads(after)
                 if key[-1]:
                     rows, exact = self._fuser(fused.snapshotted, [e.snapshot.before for e in chunk], after, grads,
                                               device=key[1])
@@ -584,16 +587,16 @@ class Monitor:
                 else:
                     rows = self._rebuilt_rows(chunk[0].group, after, [state.get(p, {}) for p in after], grads,
                                               [e.extremes for e in chunk])
-                self._put(batch, chunk, rows, stats.KINDS if key[-1] else stats.KINDS[1:])
+                self._put(batch, chunk, rows, stats.KINDS if key[-1] else stats.KINDS[1:], present)
 
     @staticmethod
-    def _put(batch: stats.Batch, chunk: list[_Entry], rows: Tensor, kinds: tuple[str, ...],
+    def _put(batch: stats.Batch, chunk: list[_Entry], rows: Tensor, kinds: tuple[str, ...], present: list[bool],
              counts: list[int] | None = None) -> None:
         """The fused capture's ``(len(kinds), k, 3)`` rows of a chunk into its entries' slots of those
-        kinds (none for the grad of a parameter whose step left it without one); ``counts``: the
-        entries' element counts, where known."""
+        kinds (none for the grad of a parameter whose step left it without one: not ``present``);
+        ``counts``: the entries' element counts, where known."""
         counts = counts if counts is not None else [stats.count(e.p) for e in chunk]
-        with_grad = [i for i, e in enumerate(chunk) if e.p.grad is not None]
+        with_grad = [i for i, held in enumerate(present) if held]
         for kind, table in zip(kinds, rows.unbind(0)):
             if kind == "grad" and len(with_grad) < len(chunk):
                 batch.put(table[with_grad], [counts[i] for i in with_grad], [chunk[i].slots[kind] for i in with_grad])
@@ -702,10 +705,12 @@ class Monitor:
         return compact
 
 
-def _grads(entries: list[_Entry]) -> list[Tensor]:
-    """Each entry's grad after the step, zeros where it has none (a step that dropped it: its grad's
-    rows are left out)."""
-    return [e.p.grad if e.p.grad is not None else torch.zeros_like(e.p) for e in entries]
+def _grads(params: list[Tensor]) -> tuple[list[Tensor], list[bool]]:
+    """Each parameter's grad after the step, zeros where it has none (a step that dropped it: its
+    grad's rows are left out), and whether it has one."""
+    grads = [p.grad for p in params]
+    return ([torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)],
+            [g is not None for g in grads])
 
 
 def _device_chunks(entries: list[_Entry]) -> Iterator[list[_Entry]]:

@@ -53,15 +53,17 @@ class Spikes(Family):
         self._told = False
         self._names: tuple[str, ...] = ()
         self._rows = torch.zeros(0, dtype=torch.long)  # the table rows of _names
+        self._all = True  # _rows is every row in order: the table itself, not a gather of it
 
     def figures(self, step: Any) -> dict[str, float]:
         names = tuple(step.names)
         if names != self._names:  # the same parameters as the last logging step: the same rows
             self._grow(names)
             self._names, self._rows = names, torch.tensor([self._row[name] for name in names], dtype=torch.long)
+            self._all = len(names) == len(self._row) and bool((self._rows == torch.arange(len(names))).all())
         rows = self._rows
         x = _values(step.table, step.lrs)
-        past, count = self._history[rows], self._count[rows]
+        past, count = (self._history, self._count) if self._all else (self._history[rows], self._count[rows])
         median = _median(past, count)
         mad = _median((past - median.unsqueeze(-1)).abs(), count)
         bound = torch.clamp(THRESHOLD * 1.4826 * mad, min=FLOOR)
