@@ -845,9 +845,12 @@ def _health_checks(entries: list[_Entry], table: stats.MomentTable) -> Checks:
     names = [e.name for e in entries]
     has_grad = table.has[:, 1]
     unchanged = has_grad & table.all_zero[:, 2] & (table.n[:, 0] > 0)
-    bad = ~table.finite & torch.stack([torch.ones_like(has_grad), has_grad, torch.ones_like(has_grad)], 1)
-    nonfinite = {names[i]: tuple(label for label, hit in zip(("value", "grad", "update"), row) if hit)
-                 for i, row in zip(bad.any(1).nonzero().flatten().tolist(), bad[bad.any(1)].tolist())}
+    nonfinite = {}
+    if not table.finite.all():  # the usual case has nothing to name
+        bad = ~table.finite & torch.stack([torch.ones_like(has_grad), has_grad, torch.ones_like(has_grad)], 1)
+        rows = bad.any(1)
+        nonfinite = {names[i]: tuple(label for label, hit in zip(("value", "grad", "update"), row) if hit)
+                     for i, row in zip(rows.nonzero().flatten().tolist(), bad[rows].tolist())}
     return Checks(names, has_grad.tolist(), unchanged.tolist(), nonfinite)
 
 
