@@ -50,6 +50,11 @@ _FAMILY_OF = {"update_norm": "norms", "grad_norm": "norms", "param_norm": "norms
 
 
 @functools.lru_cache(maxsize=1 << 16)
+def every_parameter(name: str, p: torch.Tensor) -> bool:
+    """The parameter selection of no ``params`` and no ``exclude``: every parameter (True)."""
+    return True
+
+
 def family(tag: str) -> str:
     """The figure family of a tag without prefix (``update_norm/fc1.weight`` -> ``norms``)."""
     head = tag.split("/", 1)[0]
@@ -156,7 +161,7 @@ class Settings:
     verify: bool = False
     count: str = "updates"
     sinks: tuple[Any, ...] = ()
-    select: Callable[[str, torch.Tensor], bool] = lambda name, p: True
+    select: Callable[[str, torch.Tensor], bool] = every_parameter
     figures: frozenset[str] = frozenset(DEFAULT_FIGURES)
     tag_budget: int = DEFAULT_TAG_BUDGET
     compile: str = "auto"
@@ -359,7 +364,7 @@ def _parse_selection(params: Any, source: str, exclude: Any) -> Callable[[str, t
     out += [g[1:] for g in globs if g.startswith("!")]
     keep = [g for g in globs if not g.startswith("!")]
     if not keep and not out:
-        return lambda name, p: True
+        return every_parameter
 
     @functools.lru_cache(maxsize=1 << 16)  # names repeat at every logging step
     def chosen(name: str) -> bool:

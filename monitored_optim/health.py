@@ -84,6 +84,8 @@ class Health:
         return missing
 
     def _warn_nonfinite(self, bad: dict[str, tuple[str, ...]], step: int) -> None:
+        if not bad:
+            return
         order = "also" if any(k == "nonfinite" for k, _ in self._told) else "first"
         self._once("nonfinite", list(bad), lambda name: (
             f"monitored_optim: parameter {name!r} has NaN or Inf in its {' and '.join(bad[name])} at step {step} "

@@ -27,7 +27,7 @@ from torch._utils import _flatten_dense_tensors
 from . import amp, capture, distributed, families, fused, grouping, stats
 from ._warnings import warn
 from .backends import Fanout
-from .config import DEFAULT_FIGURES, MonitorConfig, Settings, family, resolve
+from .config import DEFAULT_FIGURES, MonitorConfig, Settings, every_parameter, family, resolve
 from .health import Checks, Health
 from .updates import CLONE, Cloned, Rows, View, elementwise, raw_step, rebuild, view_for
 from .families.base import Family
@@ -96,7 +96,7 @@ class _Entry:
         return self.snapshot.before if isinstance(self.snapshot, Cloned) else self.copy
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity
 class _Flat:
     """A chunk of small parameters captured flat (``fused.flat``): its entries (those whose ``flat``
     it is) and their parameters, their lengths (element counts, as a list and as a tensor on their
@@ -315,35 +315,38 @@ class Monitor:
         entries, copies, small = [], [], []
         shared = capture.shared(p for group in optimizer.param_groups for p in group["params"])
         cut = split and elementwise(self.view)
-        chosen = [(group, n, p) for group, names in zip(optimizer.param_groups, _names(optimizer, self._model_names))
-                  for n, p in zip(names, group["params"]) if self.settings.select(n, p)]
-        self._budget = capture.budget(sum(p.numel() * p.element_size() for _, _, p in chosen))
+        select = self.settings.select
+        chosen = [(group, list(zip(names, group["params"])) if select is every_parameter
+                   else [(n, p) for n, p in zip(names, group["params"]) if select(n, p)])
+                  for group, names in zip(optimizer.param_groups, _names(optimizer, self._model_names))]
+        self._budget = capture.budget(sum(p.numel() * p.element_size() for _, picked in chosen for _, p in picked))
         batch.work.nbytes = self._budget  # its buffers: one chunk's temporaries
-        ways = {id(g): self._fusion(g) for g in optimizer.param_groups} if fuse else {}
-        for group, name, p in chosen:
-            way = ways.get(id(group))
-            kind = self._fusable(p) if way is not None else None
-            if kind == "flat":  # copied into its chunk's buffer: the view is not run, so no part
-                e = _Entry(name, group, p, None, fused=True)
-                small.append(e)
-                entries.append(e)
-                continue
-            if not (p.is_floating_point() or p.is_complex()):
-                continue  # integer tensors (frozen quantized weights) are never stepped
-            reason = capture.snapshot_reason(p, id(p) in shared, name in self._risky)
-            if kind == "whole" and reason is not None:  # the snapshot rule's copy, taken compiled
-                e = _Entry(name, group, p, None, fused=True)
-                copies.append(e)
-                entries.append(e)
-                continue
-            if kind == "whole" and way == "rebuild":  # the view's fused form, its sums after the step
-                entries.append(self._entry(name, group, capture.Part(p, optimizer.state.get(p, {}), p), None, None, True))
-                continue
-            lead = None
-            for part in capture.parts(p, optimizer.state.get(p, {}), cut, self._budget // p.element_size()):
-                e = self._entry(name, group, part, reason, lead, work=batch.work)
-                lead = lead or e
-                entries.append(e)
+        for group, picked in chosen:
+            way = self._fusion(group) if fuse else None
+            for name, p in picked:
+                kind = self._fusable(p) if way is not None else None
+                if kind == "flat":  # copied into its chunk's buffer: the view is not run, so no part
+                    e = _Entry(name, group, p, None, fused=True)
+                    small.append(e)
+                    entries.append(e)
+                    continue
+                if not (p.is_floating_point() or p.is_complex()):
+                    continue  # integer tensors (frozen quantized weights) are never stepped
+                reason = capture.snapshot_reason(p, id(p) in shared, name in self._risky)
+                if kind == "whole" and reason is not None:  # the snapshot rule's copy, taken compiled
+                    e = _Entry(name, group, p, None, fused=True)
+                    copies.append(e)
+                    entries.append(e)
+                    continue
+                state = optimizer.state.get(p, {})
+                if kind == "whole" and way == "rebuild":  # the view's fused form, its sums after the step
+                    entries.append(self._entry(name, group, capture.Part(p, state, p), None, None, True))
+                    continue
+                lead = None
+                for part in capture.parts(p, state, cut, self._budget // p.element_size()):
+                    e = self._entry(name, group, part, reason, lead, work=batch.work)
+                    lead = lead or e
+                    entries.append(e)
         leads = [e for e in entries if e.lead is None]
         for e, first in zip(leads, batch.slots(len(stats.KINDS) * len(leads))[::len(stats.KINDS)]):
             e.slots = {"p": first, "grad": first + 1, "u": first + 2}  # stats.KINDS
@@ -563,13 +566,10 @@ class Monitor:
         call per chunk of up to :data:`~monitored_optim.fused.CHUNK` parameters of one param group,
         device, dtype, rank and kind, so that identical blocks share a graph."""
         kinds: dict[tuple[Any, ...], list[_Entry]] = {}
-        flats: dict[int, _Flat] = {}
         for e in entries:
-            if e.flat is not None:
-                flats[id(e.flat)] = e.flat
-            else:
+            if e.flat is None:
                 kinds.setdefault((id(e.group), e.p.device, e.p.dtype, e.p.dim(), isinstance(e.snapshot, Cloned)), []).append(e)
-        for chunk in flats.values():
+        for chunk in dict.fromkeys(e.flat for e in entries if e.flat is not None):  # each once, in order
             grads, present = _grads(chunk.params)
             rows = fused.flat(chunk.before, _flatten_dense_tensors(chunk.params), _flatten_dense_tensors(grads),
                               chunk.lengths)  # eager: faster than compiled here
@@ -846,7 +846,7 @@ def _health_checks(entries: list[_Entry], table: stats.MomentTable) -> Checks:
     has_grad = table.has[:, 1]
     unchanged = has_grad & table.all_zero[:, 2] & (table.n[:, 0] > 0)
     nonfinite = {}
-    if not table.finite.all():  # the usual case has nothing to name
+    if not table.finite.all().tolist():  # the usual case has nothing to name (tolist: no scalar read)
         bad = ~table.finite & torch.stack([torch.ones_like(has_grad), has_grad, torch.ones_like(has_grad)], 1)
         rows = bad.any(1)
         nonfinite = {names[i]: tuple(label for label, hit in zip(("value", "grad", "update"), row) if hit)
