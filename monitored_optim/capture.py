@@ -488,8 +488,8 @@ def _is_one(s: float | Tensor) -> bool:
 
 def storage_key(p: Tensor) -> int | None:
     """The address of ``p``'s storage (its data pointer less its offset), None for a tensor with none
-    to share: sparse, or without memory (meta, empty)."""
-    if p.layout is not torch.strided:
+    to share: sparse, without memory (meta), or empty (an empty view shares no element)."""
+    if p.layout is not torch.strided or p.numel() == 0:
         return None
     try:
         address = p.untyped_storage().data_ptr()

@@ -15,7 +15,7 @@ import gc
 import inspect
 import math
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from itertools import compress
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,7 +155,7 @@ class Monitor:
         self._model_names: dict[int, str] = {}
         self._warned_unnamed = False
         self._verify_told: set[str] = set()
-        self._centre: dict[str, tuple[bool, bool, bool]] = {}  # name -> per kind of stats.KINDS
+        self._centre: dict[str, Sequence[bool]] = {}  # name -> per kind of stats.KINDS
         self._risky: dict[str, int] = {}  # name -> logging steps it stays snapshotted (capture.SNAPSHOT_FOR)
         self._budget = capture.PART_ELEMENTS * 4
         self._fuser = fused.Fuser(self.settings.compile)
@@ -521,18 +521,15 @@ class Monitor:
         return figures
 
     def _decide(self, entries: list[_Entry], names: list[str], hosted: stats.Hosted, n: list[float]) -> None:
-        """After a logging step: which moments of the eager entries take the centred pass next time
-        (``_centre``; the fused capture's are always centred) and which parameters stay snapshotted
-        (:meth:`_still_risky`), for the parameters that had elements (``n``)."""
-        table = hosted.table
-        eager = [i for i, e in enumerate(entries) if not e.fused]
-        if eager:
-            centre, has = table.needs_centring.tolist(), table.has[:, 1].tolist()
-            for i in eager:
-                if n[i]:
-                    flags, name = centre[i], names[i]
-                    self._centre[name] = (flags[0], flags[1] if has[i] else self._centre.get(name, _CENTRED)[1],
-                                          flags[2])
+        """After a logging step: which moments take the centred pass where the eager capture takes
+        them next time (``_centre``, also for those the fused capture took now: a parameter may leave
+        it, by losing its grad or a step with a closure; a grad's decision stays where there was
+        none) and which parameters stay snapshotted (:meth:`_still_risky`), for the parameters that
+        had elements (``n``)."""
+        table, held = hosted.table, self._centre
+        held.update({name: flags if grad else [flags[0], held.get(name, _CENTRED)[1], flags[2]]
+                     for name, flags, grad, count in zip(names, table.needs_centring.tolist(),
+                                                         table.has[:, 1].tolist(), n) if count})
         dtypes = [e.p.dtype for e in entries]
         eps_of = {dtype: capture.eps(dtype) for dtype in set(dtypes)}
         eps = torch.tensor([eps_of[dtype] for dtype in dtypes], dtype=torch.float64)
@@ -727,20 +724,34 @@ def _names(optimizer: torch.optim.Optimizer, known: dict[int, str] | None = None
     """Each group's ``param_names``, else each parameter's name in ``known`` (id -> name from a
     watched model), else ``param{k}`` numbered across groups.
 
-    A name given twice (two modules' ``named_parameters()`` in two groups both say ``weight``) gets
-    ``@group{i}`` appended where it repeats, so that no figure overwrites another.
+    A name given twice (two modules' ``named_parameters()`` in two groups both say ``weight``, or two
+    parameters of one group) gets ``@group{i}`` appended where it repeats (:func:`_unique`), so that
+    no figure or health count overwrites another.
     """
     names, k, seen, known = [], 0, set(), known or {}
     for i, group in enumerate(optimizer.param_groups):
         given = group.get("param_names")
         own = list(given) if given else [known[id(p)] if id(p) in known else f"param{k + j}"
                                          for j, p in enumerate(group["params"])]
-        if not seen.isdisjoint(own):
-            own = [n if n not in seen else f"{n}@group{i}" for n in own]
+        if not seen.isdisjoint(own) or len(set(own)) < len(own):
+            own = _unique(own, seen, i)
         seen.update(own)
         names.append(own)
         k += len(group["params"])
     return names
+
+
+def _unique(own: list[str], seen: set[str], i: int) -> list[str]:
+    """The names of param group ``i``, each one taken before (in ``seen``, or earlier in the group:
+    two parameters, or one listed twice) with ``@group{i}`` appended, and where that is taken too,
+    also the parameter's index in the group."""
+    taken, out = set(seen), []
+    for j, n in enumerate(own):
+        if n in taken:
+            n = f"{n}@group{i}" if f"{n}@group{i}" not in taken else f"{n}@group{i}.{j}"
+        taken.add(n)
+        out.append(n)
+    return out
 
 
 def _accumulate(e: _Entry, key: str, value: Tensor, norms: bool = False) -> None:

@@ -211,3 +211,31 @@ def test_flat_chunks_are_greedy_consecutive_runs_within_the_budget(sizes):
     totals = [sum(sizes[i] for i in c) for c in chunks]
     assert all(t <= fused.FLAT for t in totals)
     assert all(t + sizes[c.stop] > fused.FLAT for t, c in zip(totals[:-1], chunks[:-1]))
+
+
+def test_a_parameter_that_leaves_the_flat_capture_keeps_its_ratios(tmp_path):
+    """A small parameter captured flat on one logging step (a plain step), then eagerly on the next (a
+    step with a closure), after the user moved it far from zero: the eager capture's sums come centred,
+    as the flat step found it (its mean is 1,000 times its spread), so its ratios are still sent and
+    equal the clone truth."""
+    gen = torch.Generator().manual_seed(0)
+    p = nn.Parameter(torch.randn(64, 16, generator=gen))
+    named = [("p", p)]
+    x = torch.randn(8, 64, generator=gen)
+    opt = Monitored(torch.optim.Adam)(named, lr=1e-2, monitor=MonitorConfig(backend="none", logdir=tmp_path))
+
+    def closure():
+        opt.zero_grad()
+        loss = (x @ p).pow(2).mean()
+        loss.backward()
+        return loss
+
+    opt.step(closure)  # eager: a random matrix, uncentred sums suffice next time
+    with torch.no_grad():
+        p.add_(1000.0)
+    closure()
+    opt.step()  # flat: the mean is now 1,000 spreads
+    before = {"p": p.detach().clone()}
+    opt.step(closure)
+    truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, {"p": p.grad.detach().clone()}))
+    assert "update_to_data/p" in opt.monitor.latest and "grad_to_data/p" in opt.monitor.latest

@@ -157,6 +157,39 @@ def test_duplicate_names_across_groups_stay_apart():
     assert latest["update_norm/weight@group1"] == pytest.approx(0.5 * math.sqrt(4), rel=1e-6)
 
 
+def test_duplicate_names_within_a_group_stay_apart():
+    """Two parameters one group names alike (torch accepts it): each keeps its own figures and counts
+    in health, the second under ``@group0``."""
+    a, b = nn.Parameter(torch.ones(4, 4)), nn.Parameter(torch.ones(4, 4))
+    opt = Monitored(torch.optim.SGD)([("w", a), ("w", b)], lr=0.1, monitor=QUIET)
+    a.grad, b.grad = torch.full((4, 4), 1.0), torch.full((4, 4), math.nan)
+    with pytest.warns(RuntimeWarning, match="NaN or Inf"):
+        opt.step()
+    latest = opt.monitor.latest
+    assert latest["update_norm/w"] == pytest.approx(0.1 * 4, rel=1e-6)
+    assert "update_norm/w@group0" not in latest  # b's update is NaN: counted, not sent
+    assert latest["grad_norm/w"] == pytest.approx(4.0) and latest["health/nonfinite"] == 1.0
+    b.grad = torch.full((4, 4), 2.0)
+    a.grad = torch.full((4, 4), math.nan)
+    with pytest.warns(RuntimeWarning, match="NaN or Inf"):
+        opt.step()
+    assert opt.monitor.latest["grad_norm/w@group0"] == pytest.approx(8.0) and "grad_norm/w" not in opt.monitor.latest
+
+
+def test_an_empty_view_of_a_buffer_aliases_nothing(tmp_path):
+    """A 0-element Parameter over the end of another's storage shares no element with it: the large one
+    keeps its view (no clone), as it would alone."""
+    buf = torch.randn(100, 100)
+    named = [("w", nn.Parameter(buf)), ("tail", nn.Parameter(buf[100:]))]
+    opt = Monitored(torch.optim.AdamW)(named, lr=1e-3, monitor=MonitorConfig(backend="none", logdir=tmp_path))
+    assert "aliased" not in opt.monitor.describe()
+    named[0][1].grad = torch.randn(100, 100)
+    before, grads = truth.snapshot(named[:1])
+    opt.step()
+    truth.assert_figures_match({k: v for k, v in opt.monitor.latest.items() if "tail" not in k},
+                               {**truth.figures(named[:1], before, grads), "health/no_grad": 1.0})
+
+
 def test_unpickling_with_a_config_that_no_longer_works_warns_instead_of_failing(tmp_path, monkeypatch):
     opt = Monitored(torch.optim.SGD)(nn.Linear(2, 2).named_parameters(), lr=0.1)  # from the environment
     blob = pickle.dumps(opt)
