@@ -449,13 +449,14 @@ class Monitor:
         self._fuse([e for e in entries if e.fused], state, batch)
         rows = batch.finish()
         entries = [e for e in entries if e.lead is None]
+        names = [e.name for e in entries]
         if self._device_families:
             by_name = {e.name: e for e in entries}
             for fam in self._device_families:
                 for name, pieces in fam.done().items():
                     for key, value in pieces.items():
                         _accumulate(by_name[name], key, value)
-        self._describe(entries)
+        self._describe(entries, names)
         tensor_lrs = _tensor_lrs(optimizer)
         if sharding is None:  # one host copy per device of the moments, every other piece and Tensor lrs
             pieces = [piece for e in entries for piece in e.pieces.values()]
@@ -472,7 +473,7 @@ class Monitor:
                                                                list(tensor_lrs.values()))[2]
         hosted = stats.Hosted(_moment_table(entries, counts, pairs, present), own)
         table = hosted.table
-        figures = self._parameter_figures(entries, hosted)  # finite already
+        figures = self._parameter_figures(entries, names, hosted)  # finite already
         sq_norms = table.sq_norm.sum(0).tolist()
         rest = {f"global/{kind}_norm": math.sqrt(v) for kind, v in zip(("param", "grad", "update"), sq_norms)}
         errors = [_verify_error(e, *got["verify"], told=self._verify_told)
@@ -481,9 +482,9 @@ class Monitor:
         rest.update(_learning_rates(optimizer, lrs))
         group_lr = {id(group): lr for group, lr in zip(optimizer.param_groups, lrs)}
         if "health" in self.settings.figures:  # its counts and warnings need the grads it reduces
-            rest.update(self.health.figures(_health_checks(entries, table), self.step))
+            rest.update(self.health.figures(_health_checks(names, table), self.step))
         if self._families:
-            step = families.Step(self.step, [e.name for e in entries], table, own,
+            step = families.Step(self.step, names, table, own,
                                  [group_lr.get(id(e.group)) for e in entries],
                                  [e.whole.shape for e in entries])
             for fam in self._families:
@@ -499,12 +500,11 @@ class Monitor:
                 self.health.check_watched(model, optimizer)
         return figures
 
-    def _parameter_figures(self, entries: list[_Entry], hosted: stats.Hosted) -> dict[str, float]:
+    def _parameter_figures(self, entries: list[_Entry], names: list[str], hosted: stats.Hosted) -> dict[str, float]:
         """Per-parameter figures from the host values (the five of :func:`_tags`, the grad's only where
         there was one, none that is undefined or not finite; ``update_lost`` in low precision), and
         each parameter's centring and snapshot decisions for the next logging step."""
         table, norm = hosted.table, hosted.table.norm
-        names = [e.name for e in entries]
         columns = torch.stack([norm[:, 0], norm[:, 2], table.log10_ratio(2, 0),
                                norm[:, 1], table.log10_ratio(1, 0)], 1)
         shown = columns.isfinite()
@@ -669,12 +669,12 @@ class Monitor:
                 _accumulate(e.owner, key, value)
         return u
 
-    def _describe(self, entries: list[_Entry]) -> None:
-        """Write ``params.json`` for the report when the monitored parameters changed since last time."""
-        names = tuple(e.name for e in entries)
-        if names != self._described and {"tensorboard", "jsonl"} & set(self.settings.backends) \
+    def _describe(self, entries: list[_Entry], names: list[str]) -> None:
+        """Write ``params.json`` for the report when the monitored parameters (``names``, one per entry)
+        changed since last time."""
+        if tuple(names) != self._described and {"tensorboard", "jsonl"} & set(self.settings.backends) \
                 and distributed.is_writer():
-            self._described = names
+            self._described = tuple(names)
             from .describe import write_shapes
 
             write_shapes(self.settings.logdir / "params.json", self.settings.prefix,
@@ -849,11 +849,10 @@ def _moment_table(entries: list[_Entry], counts: Tensor | list[float], pairs: Te
     return stats.MomentTable(n, pairs[..., 0], pairs[..., 1], uncentred, present)
 
 
-def _health_checks(entries: list[_Entry], table: stats.MomentTable) -> Checks:
+def _health_checks(names: list[str], table: stats.MomentTable) -> Checks:
     """The :class:`~monitored_optim.health.Checks` of a logging step from its table: a grad where the
     table has one, unchanged where it had a grad and its update is all zeros, non-finite values,
     grads (where it had one) and updates."""
-    names = [e.name for e in entries]
     has_grad = table.has[:, 1]
     unchanged = has_grad & table.all_zero[:, 2] & (table.n[:, 0] > 0)
     nonfinite = {}
