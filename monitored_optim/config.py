@@ -49,16 +49,18 @@ _FAMILY_OF = {"update_norm": "norms", "grad_norm": "norms", "param_norm": "norms
               "update_stable_rank": "spectral"}
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def every_parameter(name: str, p: torch.Tensor) -> bool:
     """The parameter selection of no ``params`` and no ``exclude``: every parameter (True)."""
     return True
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def family(tag: str) -> str:
     """The figure family of a tag without prefix (``update_norm/fc1.weight`` -> ``norms``)."""
     head = tag.split("/", 1)[0]
     return _FAMILY_OF.get(tag, _FAMILY_OF.get(head, head))
+
+
 DEFAULT_BACKEND = "tensorboard"
 DEFAULT_EVERY = 1
 COUNTS = ("updates", "calls")

@@ -3,9 +3,11 @@ Every case checks the trajectory against the plain optimizer and the figures aga
 
 from __future__ import annotations
 
+import gc
 import math
 import pickle
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -341,3 +343,19 @@ def test_adafactor_on_a_large_transposed_matrix_with_a_contiguous_grad(foreach):
 
     for logged, expected in logged_and_truth(torch.optim.Adafactor, dict(lr=1e-2, foreach=foreach), params, grads):
         truth.assert_figures_match(logged, expected)
+
+
+@pytest.mark.parametrize("params", [None, "fc*"])
+def test_a_dropped_model_and_optimizer_leave_nothing_alive(params):
+    """The parameter selection holds no parameter (a cache keyed by tensors would keep every model of
+    a sweep alive): once the model and its monitored optimizer are dropped, their weights are freed."""
+    model = nn.Sequential()
+    model.add_module("fc1", nn.Linear(4, 4))
+    opt = Monitored(torch.optim.SGD)(model.named_parameters(), lr=0.1,
+                                     monitor=MonitorConfig(backend="none", params=params))
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    weight = weakref.ref(model.fc1.weight)
+    del model, opt
+    gc.collect()
+    assert weight() is None
