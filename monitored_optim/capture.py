@@ -503,12 +503,8 @@ def shared(params: Iterable[Tensor]) -> set[int]:
     """The ids of those of ``params`` whose storage (:func:`storage_key`) is used more than once among
     them (a tensor listed twice, views of one buffer): the optimizer's updates land in the same memory."""
     params = list(params)
-    try:  # every storage's address at once (the usual case: dense tensors, all apart)
-        fast = [p.untyped_storage().data_ptr() for p in params]
-        if 0 not in fast and len(set(fast)) == len(fast):
-            return set()
-    except (RuntimeError, NotImplementedError):  # sparse tensors, wrapper subclasses: one by one
-        pass
     keys = [storage_key(p) for p in params]
     count = Counter(keys)
+    if len(count) == len(keys):  # all apart (the usual case)
+        return set()
     return {id(p) for p, key in zip(params, keys) if key is not None and count[key] > 1}

@@ -16,8 +16,8 @@ import inspect
 import math
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from itertools import compress
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Any
 
 import torch
@@ -857,7 +857,7 @@ def _health_checks(names: list[str], table: stats.MomentTable) -> Checks:
     unchanged = has_grad & table.all_zero[:, 2] & (table.n[:, 0] > 0)
     nonfinite = {}
     if not table.finite.all().tolist():  # the usual case has nothing to name (tolist: no scalar read)
-        bad = ~table.finite & torch.stack([torch.ones_like(has_grad), has_grad, torch.ones_like(has_grad)], 1)
+        bad = ~table.finite  # a kind without values holds zeros: finite
         rows = bad.any(1)
         nonfinite = {names[i]: tuple(label for label, hit in zip(("value", "grad", "update"), row) if hit)
                      for i, row in zip(rows.nonzero().flatten().tolist(), bad[rows].tolist())}

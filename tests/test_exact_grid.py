@@ -340,6 +340,6 @@ def test_at_powers_of_two_bound_counts_nonzero_powers_of_two(layout):
     count = int((((bits & ((1 << 23) - 1)) == 0) & (x.contiguous() != 0)).sum())
     want = count * x.abs().max().item() ** 2
     got = capture.at_powers_of_two_bound(x, capture.bounds(x), capture.Workspace(x.numel() * 4)).item()
-    assert got == pytest.approx(want, rel=1e-6)  # the largest p² squared in float32
+    assert got == pytest.approx(want, rel=1e-6)  # the largest |p| squared in float32
     assert got >= capture.at_powers_of_two(x, x).item()
     assert capture.at_powers_of_two_bound(x, capture.bounds(x), capture.Workspace(x.numel() * 4 - 4)) is None

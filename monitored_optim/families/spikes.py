@@ -73,7 +73,7 @@ class Spikes(Family):
         self._history[rows[r], k, count[r, k] % WINDOW] = x[r, k]
         self._count[rows[r], k] += 1
         spiking = [(names[i], [kind for kind, hit in zip(FIGURES, spike[i].tolist()) if hit])
-                   for i in spike.any(1).nonzero().flatten().tolist()]  # a bool table's tolist is slow
+                   for i in spike.any(1).nonzero().flatten().tolist()]  # only the spiking rows read back
         if spiking and not self._told:
             self._told = True
             shown = ", ".join(f"{name!r} ({' and '.join(kinds)})" for name, kinds in spiking[:5])
