@@ -119,8 +119,32 @@ ALIGNED_ABOVE = 5e-5
 is snapshotted: half the 1e-4 tolerance on norms."""
 
 
-BITS = {torch.float32: (torch.int32, 23), torch.float64: (torch.int64, 52)}
-"""Per dtype, the integer dtype of its bits and its mantissa's width."""
+HALF_ULP = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
+"""Per dtype, half the spacing of its values just above 1.0: 2^-(mantissa width + 1)."""
+
+
+def mantissa_gap(x: Tensor, out: Tensor | None = None) -> Tensor:
+    """``fl(x + x·h) - x`` with h = :data:`HALF_ULP` of x's dtype, elementwise: 0 exactly where x has
+    no mantissa bits (±2^k, and 0), nonzero where it has some, NaN at ±inf and NaN.
+
+    x·h is exact (a power-of-two scaling) and half a spacing of x or more: at ±2^k exactly half, a
+    tie that rounds to x's even neighbour, x itself; above 2^k more than half, which rounds to the
+    next value. Subnormal x (below 2^-126 in float32), where x·h underflows, gives 0 too: their
+    squares, all :func:`at_powers_of_two` sums, are 0 in float32. Only element-wise float ops (a
+    bit view of x kept inductor from fusing this test into the pass that reads x for its sums:
+    the benchmark's 26-matrix :func:`~monitored_optim.fused.prior` took 1.09 against 0.60 ms).
+
+    Args:
+        x: a float32/float64 tensor (any shape).
+        out: a tensor of x's shape and dtype for the result, or None (a new one).
+
+    Raises:
+        KeyError: another dtype (:data:`HALF_ULP` has none for it).
+
+    Source: IEEE 754 round-to-nearest, ties to even.
+    """
+    return torch.add(x, x, alpha=HALF_ULP[x.dtype], out=out).sub_(x) if out is not None \
+        else x + x * HALF_ULP[x.dtype] - x
 
 
 def at_powers_of_two(before: Tensor, after: Tensor) -> Tensor:
@@ -134,11 +158,9 @@ def at_powers_of_two(before: Tensor, after: Tensor) -> Tensor:
             step: its snapshot, or the inversion's p_before).
 
     Raises:
-        KeyError: another dtype (:data:`BITS` has no bits for it).
+        KeyError: another dtype (:func:`mantissa_gap`).
     """
-    ints, mantissa = BITS[after.dtype]
-    low = (1 << mantissa) - 1
-    exact = (torch.bitwise_and(after.view(ints), low) == 0) | (torch.bitwise_and(before.view(ints), low) == 0)
+    exact = (mantissa_gap(after) == 0) | (mantissa_gap(before) == 0)
     return torch.where(exact, after, 0).square().sum().double().reshape(1)
 
 
@@ -165,7 +187,7 @@ def risky_when_built(params: list[Tensor]) -> list[bool]:
     identity, a block at 1.0): an update smaller than their spacing can land where the inversion
     cannot tell them from a neighbour. A few reductions per such matrix, at most 2^20 elements at a
     time, and one host read, when the optimizer is built (never in a step)."""
-    idx = [i for i, p in enumerate(params) if p.dim() >= 2 and p.dtype in BITS
+    idx = [i for i, p in enumerate(params) if p.dim() >= 2 and p.dtype in HALF_ULP
            and type(p) in (Tensor, torch.nn.Parameter) and p.device.type != "meta" and p.numel() > 1]
     if not idx:
         return [False] * len(params)
@@ -182,8 +204,9 @@ def risky_when_built(params: list[Tensor]) -> list[bool]:
 def at_powers_of_two_bound(p: Tensor, extremes: Tensor | None, work: Workspace | None = None) -> Tensor | None:
     """An upper bound of :func:`at_powers_of_two` (p, p) in a few eager ops, for the eager inversion
     (:func:`at_powers_of_two`'s own eager ops take 75 µs on a 64K-element part): the count of nonzero
-    elements exactly at a power of two times the larger square of p's :func:`bounds`, float64 of
-    shape (1,). None for a dtype other than float32/float64, without bounds, or for a part larger than ``work``'s
+    elements exactly at a power of two (:func:`mantissa_gap` 0; ±inf count as not, nor does any
+    figure of a part holding them stay finite) times the larger square of p's :func:`bounds`, float64
+    of shape (1,). None for a dtype other than float32/float64, without bounds, or for a part larger than ``work``'s
     buffer (the whole matrices of views that are not element-wise: Adafactor's, Muon's): taken a
     slice at a time through the buffer, held before the step, their measurement grew the peak RSS
     of a GPT-2-shaped model's Adafactor logging step from 0.6% to 9.9% of its parameter bytes.
@@ -191,17 +214,15 @@ def at_powers_of_two_bound(p: Tensor, extremes: Tensor | None, work: Workspace |
     Args:
         p: a float32/float64 part before the step (any shape).
         extremes: its :func:`bounds`, shape (2,).
-        work: whose :meth:`Workspace.one` buffer holds the temporary (viewed as integers), or None
+        work: whose :meth:`Workspace.one` buffer holds the temporary, or None
             (a temporary of its own: freed between the small allocations of the entries, one grew
             the peak RSS of a GPT-2-shaped model's AdamW logging step by 34%, glibc's heap).
     """
     too_large = work is not None and p.numel() * p.element_size() > work.nbytes
-    if p.dtype not in BITS or extremes is None or too_large:
+    if p.dtype not in HALF_ULP or extremes is None or too_large:
         return None
-    ints, mantissa = BITS[p.dtype]
     x = p.detach()
-    out = None if work is None else work.one(x).view(ints)
-    inexact = torch.count_nonzero(torch.bitwise_and(x.view(ints), (1 << mantissa) - 1, out=out))
+    inexact = torch.count_nonzero(mantissa_gap(x, None if work is None else work.one(x)))
     exact = torch.count_nonzero(x) - inexact  # zeros have no mantissa bits either, and no miss
     return (exact * extremes.abs().max().square()).double().reshape(1)
 

@@ -656,7 +656,7 @@ class Monitor:
             return None
         if p.dtype in capture.LOW_PRECISION:
             _accumulate(e.owner, "lost", capture.lost(u, meant, cut(e.p.grad)))
-        elif before is not None and e.whole.dim() >= 2 and p.dtype in capture.BITS:  # may it go back to the
+        elif before is not None and e.whole.dim() >= 2 and p.dtype in capture.HALF_ULP:  # may it go back to the
             _accumulate(e.owner, "exact", capture.at_powers_of_two(before, p))  # inversion? (inverted parts:
             # at_powers_of_two_bound, before the step, in _entry)
         truth = u if before is not None else (None if clone is None else Cloned(clone).update(p))

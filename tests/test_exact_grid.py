@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import os
 import re
 import warnings
@@ -303,6 +304,28 @@ def test_at_powers_of_two_sums_the_squares_of_elements_at_a_power_of_two_before_
     assert int(exact.sum()) == 1000
     want = after[exact].double().square().sum().item()
     assert capture.at_powers_of_two(before, after).item() == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_mantissa_gap_is_zero_exactly_where_the_bits_have_no_mantissa(dtype):
+    """``capture.mantissa_gap`` against the bits: every normal exponent with a zero mantissa, the
+    lowest and highest mantissa bit alone, random mantissas, both signs, ±0; ±inf and NaN give NaN."""
+    ints, width = {torch.float32: (torch.int32, 23), torch.float64: (torch.int64, 52)}[dtype]
+    info = torch.finfo(dtype)
+    gen = torch.Generator().manual_seed(0)
+    lowest = int(math.log2(info.tiny))  # the normal exponents: lowest to 1 - lowest
+    powers = 2.0 ** torch.arange(lowest, 2 - lowest, dtype=torch.float64).to(dtype)
+    values = torch.cat([powers, powers * (1 + info.eps), powers * (2 - info.eps),
+                        powers * (1 + torch.rand(powers.numel(), generator=gen, dtype=torch.float64).to(dtype)),
+                        torch.tensor([0.0], dtype=dtype)])
+    values = torch.cat([values, -values])
+    bits = values.view(ints) & ((1 << width) - 1)
+    gap = capture.mantissa_gap(values)
+    assert torch.equal(gap == 0, bits == 0)
+    assert int((bits == 0).sum()) == 2 * powers.numel() + 2
+    out = torch.empty_like(values)
+    assert torch.equal(capture.mantissa_gap(values, out), gap) and capture.mantissa_gap(values, out) is out
+    assert capture.mantissa_gap(torch.tensor([math.inf, -math.inf, math.nan], dtype=dtype)).isnan().all()
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "fused"])
