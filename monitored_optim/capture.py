@@ -124,15 +124,18 @@ HALF_ULP = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
 
 
 def mantissa_gap(x: Tensor, out: Tensor | None = None) -> Tensor:
-    """``fl(x + x·h) - x`` with h = :data:`HALF_ULP` of x's dtype, elementwise: 0 exactly where x has
-    no mantissa bits (±2^k, and 0), nonzero where it has some, NaN at ±inf and NaN.
+    """``fl(x + x·h) - x`` with h = :data:`HALF_ULP` of x's dtype, elementwise: 0 where x has no
+    mantissa bits (±2^k, and 0), nonzero where it has some and |x| >= 2^-102 (float32; 2^-969 for
+    float64), NaN at ±inf and NaN.
 
-    x·h is exact (a power-of-two scaling) and half a spacing of x or more: at ±2^k exactly half, a
-    tie that rounds to x's even neighbour, x itself; above 2^k more than half, which rounds to the
-    next value. Subnormal x (below 2^-126 in float32), where x·h underflows, gives 0 too: their
-    squares, all :func:`at_powers_of_two` sums, are 0 in float32. Only element-wise float ops (a
-    bit view of x kept inductor from fusing this test into the pass that reads x for its sums:
-    the benchmark's 26-matrix :func:`~monitored_optim.fused.prior` took 1.09 against 0.60 ms).
+    There x·h is exact (a power-of-two scaling) and half a spacing of x or more: at ±2^k exactly
+    half, a tie that rounds to x's even neighbour, x itself; above 2^k more than half, which rounds
+    to the next value. Below that x·h rounds (or underflows), and the gap can be 0 for any value,
+    always for subnormals: harmless for the sums of squares this test serves, which are 0 there.
+    Only element-wise float ops: a bit view of x kept inductor from fusing the test into the pass
+    that reads x for its sums (the benchmark's 26-matrix :func:`~monitored_optim.fused.prior` took
+    1.09 against 0.60 ms), and compiled code must keep IEEE semantics (``fused.INDUCTOR``: GCC's
+    unsafe math turns this into x·h, never 0).
 
     Args:
         x: a float32/float64 tensor (any shape).

@@ -210,10 +210,15 @@ def copied(xs: list[Tensor]) -> list[Tensor]:
     return [x.clone() for x in xs]
 
 
-INDUCTOR = {"realize_reads_threshold": 64, "realize_opcount_threshold": 1000, "realize_cpu_opcount_threshold": 1000}
+INDUCTOR = {"realize_reads_threshold": 64, "realize_opcount_threshold": 1000, "realize_cpu_opcount_threshold": 1000,
+            "cpp.enable_unsafe_math_opt_flag": False}
 """Inductor recomputes each element's p_before and u in every sum that reads it rather than storing
 them: with its default thresholds it keeps parameter-sized buffers for them (measured: 31% of the
-parameter bytes of the benchmark's model at once), the memory the fused capture exists to save."""
+parameter bytes of the benchmark's model at once), the memory the fused capture exists to save. Its
+C++ keeps IEEE float semantics whatever the user's inductor settings: the inversion of the store and
+:func:`~monitored_optim.capture.mantissa_gap` rely on each rounding (``-funsafe-math-optimizations``,
+``TORCHINDUCTOR_CPP_ENABLE_UNSAFE_MATH_OPT_FLAG=1``, made the power-of-two sums 0, figures 1.8% off,
+and switches the whole process to flush subnormals to zero)."""
 
 
 class Fuser:

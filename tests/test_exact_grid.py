@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import truth
-from monitored_optim import Monitored, MonitorConfig, capture
+from monitored_optim import Monitored, MonitorConfig, capture, fused
 
 O = torch.optim
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -308,24 +308,39 @@ def test_at_powers_of_two_sums_the_squares_of_elements_at_a_power_of_two_before_
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_mantissa_gap_is_zero_exactly_where_the_bits_have_no_mantissa(dtype):
-    """``capture.mantissa_gap`` against the bits: every normal exponent with a zero mantissa, the
-    lowest and highest mantissa bit alone, random mantissas, both signs, ±0; ±inf and NaN give NaN."""
+    """``capture.mantissa_gap`` against the bits: 0 at every normal power of two and ±0; nonzero with
+    the lowest or the highest mantissa bit alone or random mantissas, at every exponent from 2^-102
+    (float32; 2^-969 float64) up, with and without ``out``, over seeds; ±inf and NaN give NaN."""
     ints, width = {torch.float32: (torch.int32, 23), torch.float64: (torch.int64, 52)}[dtype]
     info = torch.finfo(dtype)
-    gen = torch.Generator().manual_seed(0)
     lowest = int(math.log2(info.tiny))  # the normal exponents: lowest to 1 - lowest
     powers = 2.0 ** torch.arange(lowest, 2 - lowest, dtype=torch.float64).to(dtype)
-    values = torch.cat([powers, powers * (1 + info.eps), powers * (2 - info.eps),
-                        powers * (1 + torch.rand(powers.numel(), generator=gen, dtype=torch.float64).to(dtype)),
-                        torch.tensor([0.0], dtype=dtype)])
-    values = torch.cat([values, -values])
-    bits = values.view(ints) & ((1 << width) - 1)
-    gap = capture.mantissa_gap(values)
-    assert torch.equal(gap == 0, bits == 0)
-    assert int((bits == 0).sum()) == 2 * powers.numel() + 2
-    out = torch.empty_like(values)
-    assert torch.equal(capture.mantissa_gap(values, out), gap) and capture.mantissa_gap(values, out) is out
+    assert (capture.mantissa_gap(torch.cat([powers, -powers, torch.tensor([0.0, -0.0], dtype=dtype)])) == 0).all()
+    spaced = powers[width + 1:]  # x·2^-(width + 1) is a normal number, exact
+    for seed in range(20):
+        mantissas = 1 + torch.rand(spaced.numel(), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        values = torch.cat([spaced * (1 + info.eps), spaced * (2 - info.eps), spaced * mantissas.to(dtype)])
+        values = torch.cat([values, -values])
+        has_bits = (values.view(ints) & ((1 << width) - 1)) != 0
+        for out in (None, torch.empty_like(values)):
+            gap = capture.mantissa_gap(values, out)
+            assert torch.equal(gap != 0, has_bits) and (out is None or gap is out)
+        assert int(has_bits.sum()) >= 4 * spaced.numel()
     assert capture.mantissa_gap(torch.tensor([math.inf, -math.inf, math.nan], dtype=dtype)).isnan().all()
+
+
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")
+def test_the_compiled_power_of_two_sums_keep_ieee_rounding_under_unsafe_math():
+    """``fused.prior`` compiled with inductor's unsafe-math flag switched on by the user: its power-of-two
+    sums still equal the eager ones (GCC's -funsafe-math-optimizations made fl(x + x·h) - x into x·h,
+    never 0; ``fused.INDUCTOR`` switches it off)."""
+    xs = [torch.ones(64, 64), torch.eye(32) + 0.5 * torch.eye(32).roll(1, 0)]
+    torch._dynamo.reset()
+    with torch._inductor.config.patch({"cpp.enable_unsafe_math_opt_flag": True}):
+        got = torch.compile(fused.prior, dynamic=True, options=fused.INDUCTOR)(xs)
+    torch._dynamo.reset()
+    assert got[:, 5].tolist() == fused.prior(xs)[:, 5].tolist() == [4096.0, 32.0 * 1.25]
+    assert torch.tensor(1e-40) * 1.0 != 0  # subnormals still work in this process
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "fused"])
