@@ -28,8 +28,8 @@ logging step in ten), the extra peak memory of one logging step as a fraction of
 step on a model of 2,000 small tensors per optimizer (with ``fused kernels`` there as its bound), and
 each of the issue's targets as met, NOT met, impossible here (``fused kernels`` or ``eager kernels``
 alone, or ``floor``, already costs more than the target allows) or noise (a ratio that load on the machine made impossible: a
-mode that does more than plain measured faster than it, or an iteration less than half its step's
-extra time above plain's). ``--quick`` runs 3 rounds.
+mode that does more than plain measured faster than it, a mode below its own bound, or an iteration
+less than half its step's extra time above plain's). ``--quick`` runs 3 rounds.
 """
 
 from __future__ import annotations
@@ -282,7 +282,9 @@ MODES = ["plain", "floor", "fused kernels", "eager kernels", "clone-diff", "eage
 def verdict(value, target, noise=False, bound=None):
     """``met`` / ``NOT met``, ``impossible here`` where ``bound`` (the least the mode can cost, as a
     ``(value, what)`` pair) is above the target, or ``noise`` where the machine's load made the
-    measurement impossible."""
+    measurement impossible (also a value below its own bound: the mode does all of that work)."""
+    if bound is not None and value < bound[0] and value <= target:
+        return f"noise (below {bound[1]} alone, {bound[0]:.3f}: rerun when idle)"
     if noise:
         return "noise (rerun when idle)"
     if value <= target:

@@ -384,9 +384,9 @@ class Workspace:
         return buf[start:start + n].view(like.shape)
 
 
-def _minus(a: Tensor, b: Tensor, work: Workspace | None) -> Tensor:
-    """``a - b`` as a new tensor, or into ``work``'s :meth:`~Workspace.next`."""
-    return a - b if work is None else torch.sub(a, b, out=work.next(a))
+def _room(like: Tensor, work: Workspace | None) -> Tensor:
+    """A new tensor like ``like`` (contiguous), or ``work``'s :meth:`~Workspace.next`."""
+    return torch.empty_like(like, memory_format=torch.contiguous_format) if work is None else work.next(like)
 
 
 def _dense_into(d: Scaled, work: Workspace | None) -> Tensor:
@@ -397,18 +397,25 @@ def _dense_into(d: Scaled, work: Workspace | None) -> Tensor:
     return d.dense(out=work.one(t))
 
 
-def stores(intended: Tensor | Scaled | Stores, work: Workspace | None = None) -> tuple[list[Tensor], float | Tensor]:
+def stores(intended: Tensor | Scaled | Stores, work: Workspace | None = None, factored: torch.dtype | None = None
+           ) -> tuple[list[tuple[Tensor, float]], float | Tensor]:
     """``(adds, s)`` of an update view's result: p_after = fl(...fl(fl(s·p_before) + d_1)... + d_k),
-    each d as a dense tensor (new, the view's own, or, given ``work``, a :class:`Workspace` buffer
-    for the first :class:`Scaled` one)."""
+    each d as a pair ``(t, a)``, d = a·t: a dense tensor and 1 (new, the view's own, or, given
+    ``work``, a :class:`Workspace` buffer for the first :class:`Scaled` one formed), or, for a
+    :class:`Scaled` of a Python factor whose dense tensor has dtype ``factored``, its tensor and
+    factor, not formed (for ``torch.sub(p, t, alpha=a)``)."""
     if not isinstance(intended, Stores):
         intended = Stores((intended,))
     adds, used = [], False
     for d in intended.adds:
+        if isinstance(d, Scaled) and isinstance(d.factor, (int, float)) and d.tensor.dtype == factored \
+                and not d.tensor.is_sparse:
+            adds.append((d.tensor, d.factor))
+            continue
         if isinstance(d, Scaled):
             d, used = _dense_into(d, None if used else work), True
-        adds.append(d)
-    return [d.to_dense() if d.is_sparse else d for d in adds], intended.s
+        adds.append((d.to_dense() if d.is_sparse else d, 1))
+    return adds, intended.s
 
 
 def bounds(p: Tensor) -> Tensor | None:
@@ -425,7 +432,7 @@ def bounds(p: Tensor) -> Tensor | None:
 
 
 def stored_change(p: Tensor, intended: Tensor | Scaled | Stores | None, before: Tensor | None,
-                  extremes: Tensor | None = None, work: Workspace | None = None
+                  extremes: Tensor | None = None, work: Workspace | None = None, meant: bool = True
                   ) -> tuple[Tensor | None, Tensor | None]:
     """The stored change u = p_after - p_before of one part, and the intended update it came from.
 
@@ -437,12 +444,16 @@ def stored_change(p: Tensor, intended: Tensor | Scaled | Stores | None, before: 
         extremes: :func:`bounds` of p_before, for the inversion.
         work: where the inversion's temporaries go (:class:`Workspace`; u then lives until its
             ``reset``); None: new tensors.
+        meant: whether to return the intended update. Without it the inversion subtracts a
+            :class:`Scaled` d = f·r with a Python factor as ``torch.sub(p, r, alpha=f)``, one op
+            and no temporary for d (the SGD store's own form, ``p.add_(buf, alpha=-lr)``).
 
     Returns:
         ``(u, meant)``: u as a new tensor (float32 for bf16/fp16 parameters; None where nothing
         moved and there is no snapshot), and the update the optimizer meant, Σ d + (s - 1)·p_before,
         which :func:`lost` and :func:`verify_miss` compare with u (None when ``intended`` is None,
-        and for an inverted update with weight decay, whose p_before is not kept).
+        for an inverted update with weight decay, whose p_before is not kept, and where ``meant``
+        is False).
     """
     after = p.detach()
     if intended is None:
@@ -450,14 +461,14 @@ def stored_change(p: Tensor, intended: Tensor | Scaled | Stores | None, before: 
     if before is not None:
         adds, s = stores(intended)
         u = _wide(after) - _wide(before)
-        meant = _total([_wide(d) for d in adds])
-        return u, (meant if _is_one(s) else meant + (s - 1) * _wide(before))
-    adds, s = stores(intended, work)
+        total = _total([_wide(d) for d, _ in adds])
+        return u, (total if _is_one(s) else total + (s - 1) * _wide(before))
+    adds, s = stores(intended, work, None if meant or after.is_complex() else after.dtype)
     real = torch.view_as_real if after.is_complex() else (lambda t: t)
     p_b = real(after)
-    for k, d in enumerate(reversed(adds)):  # one rounding in p's dtype each: the nearest value to p - d
-        d = real(d.to(after.dtype))
-        p_b = p_b.sub_(d) if k else _minus(p_b, d, work)  # the first makes the copy, the others go into it
+    for k, (d, alpha) in enumerate(reversed(adds)):  # one rounding in p's dtype each: the nearest value
+        d = real(d.to(after.dtype))                   # to p - d; the first makes the copy, the others go into it
+        p_b = p_b.sub_(d, alpha=alpha) if k else torch.sub(p_b, d, alpha=alpha, out=_room(p_b, work))
     if not _is_one(s):  # p_b is the loop's own tensor (every view stores at least one d)
         p_b.div_(s.to(p_b.dtype) if isinstance(s, Tensor) else s)
     if extremes is not None:  # w = 1: exactly the constant; w = 0: p_b itself (1·p_b + 0)
@@ -465,7 +476,7 @@ def stored_change(p: Tensor, intended: Tensor | Scaled | Stores | None, before: 
         p_b.mul_(1 - w).add_(extremes[0].to(p_b.dtype) * w)
     u = torch.sub(real(after), p_b, out=p_b)
     u = torch.view_as_complex(u) if after.is_complex() else u
-    return u, (_total(adds) if _is_one(s) else None)
+    return u, (_total([d for d, _ in adds]) if meant and _is_one(s) else None)
 
 
 def _total(adds: list[Tensor]) -> Tensor:

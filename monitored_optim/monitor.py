@@ -609,7 +609,7 @@ class Monitor:
             return self._fuser(fused.inverted, *form, torch.stack(extremes), after, grads, device=after[0].device)
         changes = []
         for p, result, bound in zip(after, rebuild(self.view, group, after, states, [None] * len(after)), extremes):
-            u = capture.stored_change(p, result, None, bound.to(p.dtype))[0]
+            u = capture.stored_change(p, result, None, bound.to(p.dtype), meant=False)[0]
             changes.append(torch.zeros_like(p) if u is None else u)
         return fused.grad_and_change_rows(grads, changes)
 
@@ -648,7 +648,8 @@ class Monitor:
             return t if t is None or span is None else t.detach().view(-1)[span]
 
         p, before, clone = cut(e.p), cut(e.before), cut(e.clone)
-        u, meant = capture.stored_change(p, result, before, e.extremes, work)
+        u, meant = capture.stored_change(p, result, before, e.extremes, work,
+                                         meant=self.settings.verify or p.dtype in capture.LOW_PRECISION)
         if u is None:  # the view says nothing moved; verify mode checks that against its clone
             if clone is not None:
                 truth = Cloned(clone).update(p)
