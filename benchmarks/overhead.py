@@ -102,6 +102,20 @@ def read_once_hook(opt):
     opt.register_step_post_hook(post)
 
 
+def flat_chunks(params):
+    """The capture's flat chunks of the small ones of ``params`` (``fused.flat_chunks``): the lists of
+    parameters and their lengths (int64 tensors on their device)."""
+    small = [p for p in params if p.numel() <= fused.SMALL]
+    flats = [small[span.start:span.stop] for span in fused.flat_chunks([p.numel() for p in small])]
+    return flats, [torch.tensor([p.numel() for p in ps], device=ps[0].device) for ps in flats]
+
+
+def flat_rows(flats, befores, lengths):
+    """After the step, each flat chunk's rows as the capture takes them: its flattens and ``fused.flat``."""
+    return [fused.flat(before, _flatten_dense_tensors(ps), _flatten_dense_tensors([p.grad for p in ps]), n)
+            for ps, before, n in zip(flats, befores, lengths)]
+
+
 def fused_kernels_hooks(opt):
     """The fused capture's tensor work alone, with none of its bookkeeping, in the fused capture's
     chunks (one param group, device and dtype, as in this benchmark's models): before the step each
@@ -115,9 +129,7 @@ def fused_kernels_hooks(opt):
         if p.numel() > fused.SMALL:
             ranks.setdefault(p.dim(), []).append(p)
     chunks = [ps[i:i + fused.CHUNK] for ps in ranks.values() for i in range(0, len(ps), fused.CHUNK)]
-    small = [p for p in group["params"] if p.numel() <= fused.SMALL]
-    flats = [small[span.start:span.stop] for span in fused.flat_chunks([p.numel() for p in small])]
-    lengths = [torch.tensor([p.numel() for p in ps], device=ps[0].device) for ps in flats]
+    flats, lengths = flat_chunks(group["params"])
     held = {}
 
     @torch.no_grad()
@@ -131,8 +143,7 @@ def fused_kernels_hooks(opt):
             form = view.fused(group, ps, [o.state[p] for p in ps])
             if form is not None:  # the first step creates the state
                 fuser(fused.inverted, *form, prior[:, :2].contiguous(), ps, [p.grad for p in ps], device=ps[0].device)
-        for ps, before, n in zip(flats, held["before"], lengths):
-            fused.flat(before, _flatten_dense_tensors(ps), _flatten_dense_tensors([p.grad for p in ps]), n)
+        flat_rows(flats, held["before"], lengths)
 
     opt.register_step_pre_hook(pre)
     opt.register_step_post_hook(post)
@@ -153,13 +164,15 @@ def eager_kernels_hooks(opt):
 
     the small parameters' flat chunks as the capture does them (one copy before, the flattens and
     ``fused.flat`` after), and one host copy of all sums. No bookkeeping: what an eager logging step
-    costs above this is its Python and the ops it spends on more than these."""
+    costs above this is its Python and the ops it spends on more than these.
+
+    Returns the dict whose ``"host"`` holds, after each step, the host values: per part of each large
+    parameter in order its power-of-two count and p's and the grad's sum and norm, then per part u's
+    sum and norm, then the flat chunks' rows (``tests/test_benchmarks.py`` checks u against a clone)."""
     (group,) = opt.param_groups
     params = group["params"]
     limit = capture.budget(sum(p.numel() * p.element_size() for p in params)) // 4
-    small = [p for p in params if p.numel() <= fused.SMALL]
-    flats = [small[span.start:span.stop] for span in fused.flat_chunks([p.numel() for p in small])]
-    lengths = [torch.tensor([p.numel() for p in ps]) for ps in flats]
+    flats, lengths = flat_chunks(params)
     large = [p for p in params if p.numel() > fused.SMALL]
     adam = isinstance(opt, torch.optim.AdamW)
     if not adam and not (type(opt) is torch.optim.SGD and group["momentum"] and not group["nesterov"]):
@@ -205,8 +218,7 @@ def eager_kernels_hooks(opt):
                 t.mul_(lo != hi).add_(lo * (lo == hi))
                 torch.sub(x, t, out=t)
                 sums += [t.sum(), torch.linalg.vector_norm(t)]
-        rows = [fused.flat(before, _flatten_dense_tensors(ps), _flatten_dense_tensors([p.grad for p in ps]), n)
-                for ps, before, n in zip(flats, held["before"], lengths)]
+        rows = flat_rows(flats, held["before"], lengths)
         held["host"] = torch.cat([torch.stack(sums).double(), *(r.reshape(-1) for r in rows)]).tolist()
 
     opt.register_step_pre_hook(pre)
