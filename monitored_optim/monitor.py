@@ -16,7 +16,6 @@ import inspect
 import math
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any
 
@@ -25,6 +24,7 @@ from torch import Tensor
 from torch._utils import _flatten_dense_tensors
 
 from . import amp, capture, distributed, families, fused, grouping, stats
+from .layout import Entry, Flat, Layout, fingerprint, names as _names
 from ._warnings import warn
 from .backends import Fanout
 from .config import DEFAULT_FIGURES, MonitorConfig, Settings, every_parameter, family, resolve
@@ -54,59 +54,6 @@ def _gc_paused(fn: Callable[..., Any]) -> Callable[..., Any]:
             if was_on:
                 gc.enable()
     return paused
-
-
-@dataclass(slots=True)
-class _Entry:
-    """One monitored parameter (or one part of a large one, ``lead`` then being the parameter's
-    first part, which holds the slots and pieces) on a logging step.
-
-    ``snapshot`` is the view's own (``Cloned`` where there is no view to run), ``copy`` the exact
-    p_before of the snapshot rule where the view is still run (for ``update_lost`` and verify mode),
-    ``clone`` verify mode's copy where there is neither."""
-
-    name: str
-    group: dict[str, Any]
-    p: Tensor
-    snapshot: Any
-    part: capture.Part | None = None
-    lead: _Entry | None = None
-    copy: Tensor | None = None
-    slots: dict[str, int] = field(default_factory=dict)
-    centred: dict[str, bool] = field(default_factory=dict)
-    pieces: dict[str, Tensor] = field(default_factory=dict)
-    clone: Tensor | None = None
-    extremes: Tensor | None = None
-    fused: bool = False
-    flat: _Flat | None = None
-
-    @property
-    def whole(self) -> Tensor:
-        """The whole parameter this entry is (a part of)."""
-        return self.p if self.part is None else self.part.whole
-
-    @property
-    def owner(self) -> _Entry:
-        """The entry that holds this part's slots and pieces."""
-        return self if self.lead is None else self.lead
-
-    @property
-    def before(self) -> Tensor | None:
-        """The exact p_before of this part, where one was taken."""
-        return self.snapshot.before if isinstance(self.snapshot, Cloned) else self.copy
-
-
-@dataclass(eq=False)  # hashed by identity
-class _Flat:
-    """A chunk of small parameters captured flat (``fused.flat``): its entries (those whose ``flat``
-    it is) and their parameters, their lengths (element counts, as a list and as a tensor on their
-    device) and the flat copy of p_before taken just before the step."""
-
-    members: list[_Entry]
-    params: list[Tensor]
-    sizes: list[int]
-    lengths: Tensor
-    before: Tensor
 
 
 class Monitor:
@@ -158,6 +105,7 @@ class Monitor:
         self._centre: dict[str, Sequence[bool]] = {}  # name -> per kind of stats.KINDS
         self._risky: dict[str, int] = {}  # name -> logging steps it stays snapshotted (capture.SNAPSHOT_FOR)
         self._budget = capture.PART_ELEMENTS * 4
+        self._layout: Layout | None = None
         self._fuser = fused.Fuser(self.settings.compile)
         _warn_if_shared(self.settings)
         _ALL.add(self)
@@ -275,7 +223,7 @@ class Monitor:
     @torch.compiler.disable
     @_gc_paused
     def _prepare(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
-                 ) -> tuple[list[_Entry], stats.Batch, distributed.Sharding | None, tuple[Any, ...], dict[str, Any]]:
+                 ) -> tuple[list[Entry], stats.Batch, distributed.Sharding | None, tuple[Any, ...], dict[str, Any]]:
         """Before the base step of a logging step: the entries, their snapshots and the sums of
         p_before and the grads (a closure's, where the step takes one)."""
         sharding = distributed.sharding(optimizer)  # None outside torch.distributed
@@ -293,7 +241,7 @@ class Monitor:
 
     @torch.compiler.disable
     @_gc_paused
-    def _finish(self, optimizer: torch.optim.Optimizer, entries: list[_Entry], batch: stats.Batch,
+    def _finish(self, optimizer: torch.optim.Optimizer, entries: list[Entry], batch: stats.Batch,
                 sharding: distributed.Sharding | None) -> None:
         """After the base step of a logging step: count it, then measure and deliver its figures."""
         self._step += 1
@@ -307,34 +255,25 @@ class Monitor:
 
     @torch.no_grad()
     def _before(self, optimizer: torch.optim.Optimizer, batch: stats.Batch,
-                grad_scale: Tensor | None, split: bool = True, fuse: bool = False) -> list[_Entry]:
+                grad_scale: Tensor | None, split: bool = True, fuse: bool = False) -> list[Entry]:
         """An entry per part of each monitored parameter, with its snapshot, and the sums of p_before
         and the grad in ``batch`` (``split``: large parameters may be cut into parts; ``fuse``: the
         fused capture may take whole parameters: their p_before is copied, flat or not, or reduced
         here with its bounds, and their grads are reduced after the step)."""
-        entries, copies, small = [], [], []
-        shared = capture.shared(p for group in optimizer.param_groups for p in group["params"])
+        entries, copies = [], []
+        layout = self._layout_of(optimizer, fuse)
         cut = split and elementwise(self.view)
-        select = self.settings.select
-        chosen = [(group, list(zip(names, group["params"])) if select is every_parameter
-                   else [(n, p) for n, p in zip(names, group["params"]) if select(n, p)])
-                  for group, names in zip(optimizer.param_groups, _names(optimizer, self._model_names))]
-        self._budget = capture.budget(sum(p.numel() * p.element_size() for _, picked in chosen for _, p in picked))
-        batch.work.nbytes = self._budget  # its buffers: one chunk's temporaries
-        for group, picked in chosen:
-            way = self._fusion(group) if fuse else None
-            for name, p in picked:
-                kind = self._fusable(p) if way is not None else None
-                if kind == "flat":  # copied into its chunk's buffer: the view is not run, so no part
-                    e = _Entry(name, group, p, None, fused=True)
-                    small.append(e)
-                    entries.append(e)
+        self._budget = batch.work.nbytes = layout.budget  # the batch's buffers: one chunk's temporaries
+        for group, way, picked in layout.groups:
+            for name, p, kind, flat in picked:
+                if flat is not None:  # copied into its chunk's buffer: the view is not run, so no part
+                    entries.append(flat)
                     continue
                 if not (p.is_floating_point() or p.is_complex()):
                     continue  # integer tensors (frozen quantized weights) are never stepped
-                reason = capture.snapshot_reason(p, id(p) in shared, name in self._risky)
+                reason = capture.snapshot_reason(p, id(p) in layout.shared, name in self._risky)
                 if kind == "whole" and reason is not None:  # the snapshot rule's copy, taken compiled
-                    e = _Entry(name, group, p, None, fused=True)
+                    e = Entry(name, group, p, None, fused=True)
                     copies.append(e)
                     entries.append(e)
                     continue
@@ -349,8 +288,10 @@ class Monitor:
                     entries.append(e)
         leads = [e for e in entries if e.lead is None]
         for e, first in zip(leads, batch.slots(len(stats.KINDS) * len(leads))[::len(stats.KINDS)]):
-            e.slots = {"p": first, "grad": first + 1, "u": first + 2}  # stats.KINDS
-        self._flatten(small)
+            if e.slots.get("p") != first:  # a flat entry of a kept layout holds the last step's slots
+                e.slots = {"p": first, "grad": first + 1, "u": first + 2}  # stats.KINDS
+        for chunk in layout.chunks:
+            chunk.before = fused.flat_copy(chunk.params)
         for chunk in _device_chunks(copies):  # the snapshot rule's copies of fused entries
             for e, before in zip(chunk, self._fuser(fused.copied, [e.p for e in chunk], device=chunk[0].p.device)):
                 e.snapshot = Cloned(before)
@@ -366,6 +307,36 @@ class Monitor:
         if self.settings.figures & {"grad_to_data", "norms", "health"}:
             _record_grads(batch, eager, grad_scale, self._centring(eager, "grad"))
         return entries
+
+    def _layout_of(self, optimizer: torch.optim.Optimizer, fuse: bool) -> Layout:
+        """This logging step's :class:`~monitored_optim.layout.Layout`: the last one where its
+        :func:`~monitored_optim.layout.fingerprint` and the selection (a ``MonitorConfig(params=...)``
+        callable is asked again at every logging step) are the same, else a new one."""
+        ways = tuple(self._fusion(group) if fuse else None for group in optimizer.param_groups)
+        key = fingerprint(optimizer, (ways, len(self._model_names)))
+        held = self._layout if self._layout is not None and self._layout.key == key else None
+        names = held.names if held is not None else _names(optimizer, self._model_names)
+        select = self.settings.select
+        mask = None if select is every_parameter else [select(n, p) for group, own in zip(optimizer.param_groups, names)
+                                                       for n, p in zip(own, group["params"])]
+        if held is not None and held.mask == mask:
+            return held
+        chosen = iter(mask) if mask is not None else None
+        groups, flat = [], []
+        for group, way, own in zip(optimizer.param_groups, ways, names):
+            picked = []
+            for name, p in zip(own, group["params"]):
+                if chosen is not None and not next(chosen):
+                    continue
+                kind = self._fusable(p) if way is not None else None
+                e = Entry(name, group, p, None, fused=True) if kind == "flat" else None
+                picked.append((name, p, kind, e))
+                flat += [e] if e is not None else []
+            groups.append((group, way, picked))
+        params = [p for _, _, picked in groups for _, p, _, _ in picked]
+        self._layout = Layout(key, names, mask, groups, capture.shared(params),
+                              capture.budget(sum(p.numel() * p.element_size() for p in params)), _flat_chunks(flat))
+        return self._layout
 
     def _fusion(self, group: dict[str, Any]) -> str | None:
         """What the fused capture may do for ``group`` on this logging step: None (nothing: an
@@ -394,32 +365,16 @@ class Monitor:
             return "flat"
         return "whole" if fused.enabled(self.settings.compile, p.device) else None
 
-    def _flatten(self, small: list[_Entry]) -> None:
-        """Cut the flat entries into chunks of one param group, device and dtype of at most
-        :data:`~monitored_optim.fused.FLAT` elements, and copy each chunk's p_before into one buffer."""
-        kinds: dict[tuple[Any, ...], list[_Entry]] = {}
-        for e in small:
-            kinds.setdefault((id(e.group), e.p.device, e.p.dtype), []).append(e)
-        for members in kinds.values():
-            sizes = [e.p.numel() for e in members]
-            for span in fused.flat_chunks(sizes):
-                chunk, lengths = members[span.start:span.stop], sizes[span.start:span.stop]
-                params = [x.p for x in chunk]
-                group = _Flat(chunk, params, lengths, torch.tensor(lengths, device=params[0].device),
-                              fused.flat_copy(params))
-                for x in chunk:
-                    x.flat = group
-
     def _entry(self, name: str, group: dict[str, Any], part: capture.Part, reason: str | None,
-               lead: _Entry | None, fuse: bool = False, work: capture.Workspace | None = None) -> _Entry:
+               lead: Entry | None, fuse: bool = False, work: capture.Workspace | None = None) -> Entry:
         """The entry of one part: the snapshot rule's copy where ``reason`` says so (the view is
         still run where its intended update is needed: bf16/fp16 ``update_lost``, verify mode),
         else the view's own snapshot; verify mode's clone where neither holds p_before. ``fuse``:
         the fused capture takes it where the snapshot is a copy or nothing (the view's fused form)."""
         verify = self.settings.verify
         if reason is not None and not (verify or part.p.dtype in capture.LOW_PRECISION):
-            return _Entry(name, group, part.p, Cloned(part.p.detach().clone()), part, lead)
-        e = _Entry(name, group, part.p, self.view.before(group, part.p, part.state), part, lead)
+            return Entry(name, group, part.p, Cloned(part.p.detach().clone()), part, lead)
+        e = Entry(name, group, part.p, self.view.before(group, part.p, part.state), part, lead)
         e.fused = fuse and (e.snapshot is None or isinstance(e.snapshot, Cloned))
         if e.fused:  # its bounds come from the fused capture
             return e
@@ -434,13 +389,13 @@ class Monitor:
             e.clone = part.p.detach().clone()
         return e
 
-    def _centring(self, entries: list[_Entry], kind: str) -> list[bool]:
+    def _centring(self, entries: list[Entry], kind: str) -> list[bool]:
         """Per entry, whether its ``kind`` moments need the centred pass (unknown ones do)."""
         k = stats.KINDS.index(kind)
         return [self._centre.get(e.name, _CENTRED)[k] for e in entries]
 
     @torch.no_grad()
-    def _figures(self, optimizer: torch.optim.Optimizer, entries: list[_Entry], batch: stats.Batch,
+    def _figures(self, optimizer: torch.optim.Optimizer, entries: list[Entry], batch: stats.Batch,
                  sharding: distributed.Sharding | None = None) -> dict[str, float]:
         state = (optimizer if sharding is None else sharding.local).state
         self._device_families = self._families if sharding is None else []  # no pieces to all_reduce
@@ -500,7 +455,7 @@ class Monitor:
                 self.health.check_watched(model, optimizer)
         return figures
 
-    def _parameter_figures(self, entries: list[_Entry], names: list[str], hosted: stats.Hosted) -> dict[str, float]:
+    def _parameter_figures(self, entries: list[Entry], names: list[str], hosted: stats.Hosted) -> dict[str, float]:
         """Per-parameter figures from the host values (the five of :func:`_tags`, the grad's only where
         there was one, none that is undefined or not finite; ``update_lost`` in low precision), and
         each parameter's centring and snapshot decisions for the next logging step."""
@@ -520,7 +475,7 @@ class Monitor:
         self._decide(entries, names, hosted, n)
         return figures
 
-    def _decide(self, entries: list[_Entry], names: list[str], hosted: stats.Hosted, n: list[float]) -> None:
+    def _decide(self, entries: list[Entry], names: list[str], hosted: stats.Hosted, n: list[float]) -> None:
         """After a logging step: which moments take the centred pass where the eager capture takes
         them next time (``_centre``, also for those the fused capture took now: a parameter may leave
         it, by losing its grad or a step with a closure; a grad's decision stays where there was
@@ -556,13 +511,13 @@ class Monitor:
         else:
             self._risky.pop(name, None)
 
-    def _fuse(self, entries: list[_Entry], state: dict[Tensor, dict[str, Any]], batch: stats.Batch) -> None:
+    def _fuse(self, entries: list[Entry], state: dict[Tensor, dict[str, Any]], batch: stats.Batch) -> None:
         """The rows of every fused entry into ``batch``: p_before, grad and u of each flat chunk
         (:func:`~monitored_optim.fused.flat`) and of snapshotted parameters, the grad and u of rebuilt
         ones (their p_before's rows came before the step, :func:`~monitored_optim.fused.prior`); one
         call per chunk of up to :data:`~monitored_optim.fused.CHUNK` parameters of one param group,
         device, dtype, rank and kind, so that identical blocks share a graph."""
-        kinds: dict[tuple[Any, ...], list[_Entry]] = {}
+        kinds: dict[tuple[Any, ...], list[Entry]] = {}
         for e in entries:
             if e.flat is None:
                 kinds.setdefault((id(e.group), e.p.device, e.p.dtype, e.p.dim(), isinstance(e.snapshot, Cloned)), []).append(e)
@@ -587,7 +542,7 @@ class Monitor:
                 self._put(batch, chunk, rows, stats.KINDS if key[-1] else stats.KINDS[1:], present)
 
     @staticmethod
-    def _put(batch: stats.Batch, chunk: list[_Entry], rows: Tensor, kinds: tuple[str, ...], present: list[bool],
+    def _put(batch: stats.Batch, chunk: list[Entry], rows: Tensor, kinds: tuple[str, ...], present: list[bool],
              counts: list[int] | None = None) -> None:
         """The fused capture's ``(len(kinds), k, 3)`` rows of a chunk into its entries' slots of those
         kinds (none for the grad of a parameter whose step left it without one: not ``present``);
@@ -613,7 +568,7 @@ class Monitor:
             changes.append(torch.zeros_like(p) if u is None else u)
         return fused.grad_and_change_rows(grads, changes)
 
-    def _measure_updates(self, chunk: list[_Entry], states: list[dict[str, Any]], batch: stats.Batch) -> None:
+    def _measure_updates(self, chunk: list[Entry], states: list[dict[str, Any]], batch: stats.Batch) -> None:
         """The stored change of each part of one chunk (one param group, one device): rebuilt by the
         view, then rounding-inverted or taken from the snapshot (:mod:`~monitored_optim.capture`);
         its sums go to ``batch`` and, where they apply, ``lost`` and ``verify`` pieces to the
@@ -639,7 +594,7 @@ class Monitor:
         centre = self._centring([e for e, _ in jobs], "u")
         _record(batch, [e for e, _ in jobs], "u", [u for _, u in jobs], centre, scratch=True)
 
-    def _stored(self, e: _Entry, result: Any, span: slice | None = None,
+    def _stored(self, e: Entry, result: Any, span: slice | None = None,
                 state: dict[str, Any] | None = None, work: capture.Workspace | None = None) -> Tensor | None:
         """The stored change of entry ``e`` (or of its flat slice ``span``) from the view's
         ``result``; adds its ``lost`` and ``verify`` pieces, and the families' device pieces, to the
@@ -670,7 +625,7 @@ class Monitor:
                 _accumulate(e.owner, key, value)
         return u
 
-    def _describe(self, entries: list[_Entry], names: list[str]) -> None:
+    def _describe(self, entries: list[Entry], names: list[str]) -> None:
         """Write ``params.json`` for the report when the monitored parameters (``names``, one per entry)
         changed since last time."""
         if tuple(names) != self._described and {"tensorboard", "jsonl"} & set(self.settings.backends) \
@@ -703,6 +658,24 @@ class Monitor:
         return compact
 
 
+def _flat_chunks(small: list[Entry]) -> list[Flat]:
+    """The flat entries cut into chunks of one param group, device and dtype of at most
+    :data:`~monitored_optim.fused.FLAT` elements (each entry's ``flat`` set to its chunk)."""
+    kinds: dict[tuple[Any, ...], list[Entry]] = {}
+    for e in small:
+        kinds.setdefault((id(e.group), e.p.device, e.p.dtype), []).append(e)
+    chunks = []
+    for members in kinds.values():
+        sizes = [e.p.numel() for e in members]
+        for span in fused.flat_chunks(sizes):
+            chunk, lengths = members[span.start:span.stop], sizes[span.start:span.stop]
+            params = [x.p for x in chunk]
+            chunks.append(Flat(chunk, params, lengths, torch.tensor(lengths, device=params[0].device)))
+            for x in chunk:
+                x.flat = chunks[-1]
+    return chunks
+
+
 def _grads(params: list[Tensor]) -> tuple[list[Tensor], list[bool]]:
     """Each parameter's grad after the step, zeros where it has none (a step that dropped it: its
     grad's rows are left out), and whether it has one."""
@@ -711,9 +684,9 @@ def _grads(params: list[Tensor]) -> tuple[list[Tensor], list[bool]]:
             [g is not None for g in grads])
 
 
-def _device_chunks(entries: list[_Entry]) -> Iterator[list[_Entry]]:
+def _device_chunks(entries: list[Entry]) -> Iterator[list[Entry]]:
     """``entries`` by device, in chunks of at most :data:`~monitored_optim.fused.CHUNK`."""
-    by_device: dict[torch.device, list[_Entry]] = {}
+    by_device: dict[torch.device, list[Entry]] = {}
     for e in entries:
         by_device.setdefault(e.p.device, []).append(e)
     for members in by_device.values():
@@ -721,41 +694,7 @@ def _device_chunks(entries: list[_Entry]) -> Iterator[list[_Entry]]:
             yield members[i:i + fused.CHUNK]
 
 
-def _names(optimizer: torch.optim.Optimizer, known: dict[int, str] | None = None) -> list[list[str]]:
-    """Each group's ``param_names``, else each parameter's name in ``known`` (id -> name from a
-    watched model), else ``param{k}`` numbered across groups.
-
-    A name given twice (two modules' ``named_parameters()`` in two groups both say ``weight``, or two
-    parameters of one group) gets ``@group{i}`` appended where it repeats (:func:`_unique`), so that
-    no figure or health count overwrites another.
-    """
-    names, k, seen, known = [], 0, set(), known or {}
-    for i, group in enumerate(optimizer.param_groups):
-        given = group.get("param_names")
-        own = list(given) if given else [known[id(p)] if id(p) in known else f"param{k + j}"
-                                         for j, p in enumerate(group["params"])]
-        if not seen.isdisjoint(own) or len(set(own)) < len(own):
-            own = _unique(own, seen, i)
-        seen.update(own)
-        names.append(own)
-        k += len(group["params"])
-    return names
-
-
-def _unique(own: list[str], seen: set[str], i: int) -> list[str]:
-    """The names of param group ``i``, each one taken before (in ``seen``, or earlier in the group:
-    two parameters, or one listed twice) with ``@group{i}`` appended, and where that is taken too,
-    also the parameter's index in the group."""
-    taken, out = set(seen), []
-    for j, n in enumerate(own):
-        if n in taken:
-            n = f"{n}@group{i}" if f"{n}@group{i}" not in taken else f"{n}@group{i}.{j}"
-        taken.add(n)
-        out.append(n)
-    return out
-
-
-def _accumulate(e: _Entry, key: str, value: Tensor, norms: bool = False) -> None:
+def _accumulate(e: Entry, key: str, value: Tensor, norms: bool = False) -> None:
     """Add a part's piece into its parameter's: ``lost`` counts and the families' pieces
     (:func:`~monitored_optim.families.combine`), or, ``norms``, ``verify``'s norms."""
     held = e.pieces.get(key)
@@ -765,11 +704,11 @@ def _accumulate(e: _Entry, key: str, value: Tensor, norms: bool = False) -> None
         e.pieces[key] = torch.hypot(held, value) if norms else families.combine(key, held, value)
 
 
-def _chunks(entries: list[_Entry], budget: int) -> Iterator[list[_Entry]]:
+def _chunks(entries: list[Entry], budget: int) -> Iterator[list[Entry]]:
     """Consecutive entries of one param group and device whose parts together take at most
     ``budget`` bytes (:func:`~monitored_optim.capture.budget`; or one larger part): their rebuilt
     updates are alive at once, so the few temporaries of a chunk are a logging step's extra memory."""
-    chunk: list[_Entry] = []
+    chunk: list[Entry] = []
     size = 0
     for e in entries:
         if chunk and (size + _nbytes(e.p) > budget or e.group is not chunk[0].group
@@ -786,7 +725,7 @@ def _nbytes(p: Tensor) -> int:
     return p.numel() * p.element_size()
 
 
-def _record(batch: stats.Batch, entries: list[_Entry], kind: str, xs: list[Tensor], centre: list[bool],
+def _record(batch: stats.Batch, entries: list[Entry], kind: str, xs: list[Tensor], centre: list[bool],
             scale: stats.Scale = None, scratch: bool | list[bool] = False) -> None:
     """Add the sums of ``xs`` (one per entry) to ``batch``, each into its parameter's ``kind`` slot."""
     batch.add(xs, centre, scale, scratch, into=[e.owner.slots[kind] for e in entries])
@@ -794,7 +733,7 @@ def _record(batch: stats.Batch, entries: list[_Entry], kind: str, xs: list[Tenso
         e.owner.centred[kind] = flag
 
 
-def _record_grads(batch: stats.Batch, entries: list[_Entry], grad_scale: Tensor | None,
+def _record_grads(batch: stats.Batch, entries: list[Entry], grad_scale: Tensor | None,
                   centre: list[bool] | None = None) -> None:
     """Sums of each ``p.grad`` as the step uses it, into a new ``"grad"`` slot per parameter:
     unscaled when a fused GradScaler step passes its scale; nothing where the grad is ``None``."""
@@ -808,7 +747,7 @@ def _record_grads(batch: stats.Batch, entries: list[_Entry], grad_scale: Tensor 
             [c for _, c in with_grad], scale)
 
 
-def _verify_error(e: _Entry, miss: float, truth: float, told: set[str]) -> float:
+def _verify_error(e: Entry, miss: float, truth: float, told: set[str]) -> float:
     """Relative error of the view against the clone; warns once per parameter beyond
     :data:`VERIFY_RTOL` of the update itself."""
     if miss > VERIFY_RTOL * truth and e.name not in told:
@@ -830,13 +769,13 @@ def _tags(name: str) -> tuple[str, ...]:
             f"grad_norm/{name}", f"grad_to_data/{name}")
 
 
-def _host_pieces(entries: list[_Entry], values: list[list[float]]) -> list[dict[str, list[float]]]:
+def _host_pieces(entries: list[Entry], values: list[list[float]]) -> list[dict[str, list[float]]]:
     """Per entry, its pieces' host values, from ``values`` in the order of the entries' pieces."""
     values = iter(values)
     return [{key: next(values) for key in e.pieces} if e.pieces else {} for e in entries]
 
 
-def _moment_table(entries: list[_Entry], counts: Tensor | list[float], pairs: Tensor, present: Tensor
+def _moment_table(entries: list[Entry], counts: Tensor | list[float], pairs: Tensor, present: Tensor
                   ) -> stats.MomentTable:
     """The host moments of a logging step as one table: ``counts``, the entries' element counts;
     ``pairs``, float64 ``(N, K, 2)`` of ``(mean, m2)`` per kind of :data:`~monitored_optim.stats.KINDS`,
@@ -905,7 +844,7 @@ def _closure(args: tuple[Any, ...], kwargs: dict[str, Any], closure_first: bool)
     return closure if callable(closure) else None
 
 
-def _record_grads_after_closure(entries: list[_Entry], batch: stats.Batch, args: tuple[Any, ...],
+def _record_grads_after_closure(entries: list[Entry], batch: stats.Batch, args: tuple[Any, ...],
                                 kwargs: dict[str, Any], closure_first: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Wrap a closure so that the grad moments are those its first call produced.
 

@@ -363,10 +363,10 @@ def test_chunks_mixed_dtypes_and_lagging_steps_equal_clone_truth(cls, kwargs, dt
     and per-parameter Adam steps that differ within a group: figures equal the clone truth at every
     step, the trajectory is bitwise the plain optimizer's, and the chunks really split the group."""
     from monitored_optim import capture
-    from monitored_optim import monitor as monitor_module
+    from monitored_optim import layout, monitor as monitor_module
 
     problem = _wide(dtype)
-    entries = [monitor_module._Entry(n, {}, p, None) for n, p in problem.named]
+    entries = [layout.Entry(n, {}, p, None) for n, p in problem.named]
     budget = capture.budget(sum(p.numel() * p.element_size() for _, p in problem.named))
     assert len(list(monitor_module._chunks(entries, budget))) >= 3
 

@@ -1,0 +1,97 @@
+"""The layout of a logging step (``monitored_optim.layout``): kept while the parameters stay the same,
+rebuilt when anything it is derived from changes, with the clone truth's figures at every step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import truth
+from monitored_optim import Monitored, MonitorConfig
+
+
+def _params(gen: torch.Generator) -> list[tuple[str, nn.Parameter]]:
+    """Small parameters (captured flat) and a matrix above the flat limit (4,096 elements)."""
+    return [("w", nn.Parameter(torch.randn(80, 80, generator=gen))), ("b", nn.Parameter(torch.zeros(80))),
+            ("g", nn.Parameter(torch.ones(80))), ("v", nn.Parameter(torch.randn(30, 20, generator=gen)))]
+
+
+def _logged_step(opt: torch.optim.Optimizer, named: list[tuple[str, torch.Tensor]], gen: torch.Generator,
+                 no_grad: tuple[str, ...] = ()) -> None:
+    """Fresh grads (none for ``no_grad``), one step, and its figures against the clone truth of ``named``."""
+    for name, p in named:
+        p.grad = None if name in no_grad else torch.randn(p.shape, generator=gen, dtype=p.dtype)
+    before, grads = truth.snapshot(named)
+    opt.step()
+    truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+
+
+def _drop_grad(opt, named, gen, chosen):
+    return named, ("b",)
+
+
+def _to_float64(opt, named, gen, chosen):
+    for _, p in named:
+        if p.numel() < 4096:
+            p.data = p.data.double()
+    return named, ()
+
+
+def _reshape(opt, named, gen, chosen):
+    named[1][1].data = torch.zeros(40)
+    return named, ()
+
+
+def _add_group(opt, named, gen, chosen):
+    extra = nn.Parameter(torch.randn(50, generator=gen))
+    opt.add_param_group({"params": [extra], "param_names": ["extra"], "lr": 1e-3})
+    chosen.add("extra")
+    return named + [("extra", extra)], ()
+
+
+def _select_fewer(opt, named, gen, chosen):
+    chosen.discard("g")
+    return [(n, p) for n, p in named if n != "g"], ()
+
+
+CHANGES = {"a grad dropped": _drop_grad, "float64 data": _to_float64, "new shape": _reshape,
+           "a param group added": _add_group, "a callable selection": _select_fewer}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_the_layout_is_kept_while_the_parameters_stay_the_same_and_rebuilt_when_they_change(change, tmp_path):
+    """Two logging steps with the same parameters share one layout; after ``change`` (each an input of
+    the layout: a grad's presence, a dtype or shape set through ``.data``, a param group, what a
+    ``params=`` callable selects) the next logging step builds a new one, and every step's figures
+    are the clone truth's (plain SGD: no state, so the parameters may change under it)."""
+    gen = torch.Generator().manual_seed(0)
+    named = _params(gen)
+    chosen = {n for n, _ in named}
+    opt = Monitored(torch.optim.SGD)(named, lr=1e-2, monitor=MonitorConfig(
+        backend="none", logdir=tmp_path, params=lambda name, p: name in chosen))
+    _logged_step(opt, named, gen)
+    first = opt.monitor._layout
+    _logged_step(opt, named, gen)
+    assert opt.monitor._layout is first
+    named, no_grad = CHANGES[change](opt, named, gen, chosen)
+    _logged_step(opt, named, gen, no_grad)
+    assert opt.monitor._layout is not first
+    kept = opt.monitor._layout
+    _logged_step(opt, named, gen, no_grad)
+    assert opt.monitor._layout is kept
+
+
+def test_names_given_by_watch_after_the_first_logging_step_rebuild_the_layout(tmp_path):
+    """Unnamed parameters are logged as ``param{k}`` until ``watch(model)`` names them; the logging step
+    after it logs them by their model names."""
+    model = nn.Sequential(nn.Linear(6, 4), nn.LayerNorm(4))
+    with pytest.warns(UserWarning, match="parameters have no names"):
+        opt = Monitored(torch.optim.SGD)(model.parameters(), lr=1e-2, monitor=MonitorConfig(backend="none",
+                                                                                         logdir=tmp_path))
+    gen = torch.Generator().manual_seed(0)
+    unnamed = [(f"param{k}", p) for k, p in enumerate(model.parameters())]
+    _logged_step(opt, unnamed, gen)
+    opt.monitor.watch(model)
+    _logged_step(opt, list(model.named_parameters()), gen)
+    assert "update_norm/1.weight" in opt.monitor.latest
