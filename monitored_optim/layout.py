@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import capture
+from . import capture, stats
 from .updates import Cloned
 
 
@@ -148,3 +148,52 @@ class Layout:
     shared: set[int]
     budget: int
     chunks: list[Flat] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Roster:
+    """What a logging step's figures read of its entries that the entries' composition alone decides,
+    kept while it stays the same (:func:`composition`): per parameter (one per lead entry, in order)
+    its name, its slots, its whole shape, the rounding unit of its dtype, the identity of its param
+    group; which parameters are in bf16/fp16 (their ``update_lost``) and which were not captured
+    flat (their centring decisions are kept for the eager capture).
+
+    Attributes:
+        layout: the :class:`Layout` the entries came from.
+        composition: :func:`composition` of the entries.
+        names: ``N`` parameter names.
+        index: int64 ``(N, K)``, each parameter's slot per kind of ``stats.KINDS``.
+        shapes: ``N`` ``torch.Size``.
+        eps: float64 ``(N,)``, ``capture.eps`` of each dtype.
+        groups: ``N`` ints, ``id`` of each parameter's param group.
+        low: indices of the parameters in bf16/fp16.
+        captured: indices of the parameters not captured flat.
+    """
+
+    layout: Layout
+    composition: list[tuple[str, bool, bool]]
+    names: list[str]
+    index: Tensor
+    shapes: list[torch.Size]
+    eps: Tensor
+    groups: list[int]
+    low: list[int]
+    captured: list[int]
+
+    @classmethod
+    def of(cls, layout: Layout, composition: list[tuple[str, bool, bool]], leads: list[Entry]) -> Roster:
+        """The roster of a logging step's ``leads`` (the entries that hold slots), from ``layout``."""
+        eps_of = {dtype: capture.eps(dtype) for dtype in {e.p.dtype for e in leads}}
+        return cls(layout, composition, [e.name for e in leads],
+                   torch.tensor([e.slots[kind] for e in leads for kind in stats.KINDS],
+                                dtype=torch.long).reshape(-1, len(stats.KINDS)),
+                   [e.whole.shape for e in leads], torch.tensor([eps_of[e.p.dtype] for e in leads], dtype=torch.float64),
+                   [id(e.group) for e in leads], [i for i, e in enumerate(leads) if e.p.dtype in capture.LOW_PRECISION],
+                   [i for i, e in enumerate(leads) if e.flat is None])
+
+
+def composition(entries: list[Entry]) -> list[tuple[str, bool, bool]]:
+    """What decides a logging step's :class:`Roster` beyond its layout: per entry not captured flat (a
+    flat one is the layout's own), its name, whether it leads its parameter's parts, and whether the
+    fused capture takes it (the order of slots follows from these)."""
+    return [(e.name, e.lead is None, e.fused) for e in entries if e.flat is None]

@@ -24,7 +24,7 @@ from torch import Tensor
 from torch._utils import _flatten_dense_tensors
 
 from . import amp, capture, distributed, families, fused, grouping, stats
-from .layout import Entry, Flat, Layout, fingerprint, names as _names
+from .layout import Entry, Flat, Layout, Roster, composition, fingerprint, names as _names
 from ._warnings import warn
 from .backends import Fanout
 from .config import DEFAULT_FIGURES, MonitorConfig, Settings, every_parameter, family, resolve
@@ -106,6 +106,7 @@ class Monitor:
         self._risky: dict[str, int] = {}  # name -> logging steps it stays snapshotted (capture.SNAPSHOT_FOR)
         self._budget = capture.PART_ELEMENTS * 4
         self._layout: Layout | None = None
+        self._roster: Roster | None = None
         self._fuser = fused.Fuser(self.settings.compile)
         _warn_if_shared(self.settings)
         _ALL.add(self)
@@ -333,6 +334,8 @@ class Monitor:
                 picked.append((name, p, kind, e))
                 flat += [e] if e is not None else []
             groups.append((group, way, picked))
+        for e in flat:  # captured flat, exact for any spread: no centring decision (see _decide)
+            self._centre.pop(e.name, None)
         params = [p for _, _, picked in groups for _, p, _, _ in picked]
         self._layout = Layout(key, names, mask, groups, capture.shared(params),
                               capture.budget(sum(p.numel() * p.element_size() for p in params)), _flat_chunks(flat))
@@ -399,24 +402,24 @@ class Monitor:
                  sharding: distributed.Sharding | None = None) -> dict[str, float]:
         state = (optimizer if sharding is None else sharding.local).state
         self._device_families = self._families if sharding is None else []  # no pieces to all_reduce
-        for chunk in _chunks([e for e in entries if not e.fused], self._budget):
+        unflat = [e for e in entries if e.flat is None]
+        for chunk in _chunks([e for e in unflat if not e.fused], self._budget):
             self._measure_updates(chunk, [e.part.refresh(state.get(e.part.whole, {})) for e in chunk], batch)
-        self._fuse([e for e in entries if e.fused], state, batch)
+        self._fuse([e for e in unflat if e.fused], state, batch)
         rows = batch.finish()
-        entries = [e for e in entries if e.lead is None]
-        names = [e.name for e in entries]
-        if self._device_families:
-            by_name = {e.name: e for e in entries}
-            for fam in self._device_families:
-                for name, pieces in fam.done().items():
-                    for key, value in pieces.items():
-                        _accumulate(by_name[name], key, value)
+        roster = self._roster_of(unflat, entries)
+        entries, names = [e for e in entries if e.lead is None], roster.names
+        for fam in self._device_families:
+            done = fam.done()
+            by_name = {e.name: e for e in entries} if done else {}
+            for name, pieces in done.items():
+                for key, value in pieces.items():
+                    _accumulate(by_name[name], key, value)
         self._describe(entries, names)
         tensor_lrs = _tensor_lrs(optimizer)
         if sharding is None:  # one host copy per device of the moments, every other piece and Tensor lrs
             pieces = [piece for e in entries for piece in e.pieces.values()]
-            index = torch.tensor([e.slots[kind] for e in entries for kind in stats.KINDS],
-                                 dtype=torch.long).reshape(-1, len(stats.KINDS))
+            index = roster.index
             pairs, present, extra = rows.host(index, pieces + list(tensor_lrs.values()))
             counts = rows.sizes[index[:, 0]]  # p_before's rows cover each parameter once
             own, read = _host_pieces(entries, extra[:len(pieces)]), extra[len(pieces):]
@@ -428,20 +431,18 @@ class Monitor:
                                                                list(tensor_lrs.values()))[2]
         hosted = stats.Hosted(_moment_table(entries, counts, pairs, present), own)
         table = hosted.table
-        figures = self._parameter_figures(entries, names, hosted)  # finite already
+        figures = self._parameter_figures(roster, hosted)  # finite already
         sq_norms = table.sq_norm.sum(0).tolist()
         rest = {f"global/{kind}_norm": math.sqrt(v) for kind, v in zip(("param", "grad", "update"), sq_norms)}
         errors = [_verify_error(e, *got["verify"], told=self._verify_told)
-                  for e, got in zip(entries, own) if "verify" in got]
+                  for e, got in zip(entries, own) if "verify" in got] if self.settings.verify else []
         lrs = _group_lrs(optimizer, dict(zip(tensor_lrs, read)))
         rest.update(_learning_rates(optimizer, lrs))
         group_lr = {id(group): lr for group, lr in zip(optimizer.param_groups, lrs)}
         if "health" in self.settings.figures:  # its counts and warnings need the grads it reduces
             rest.update(self.health.figures(_health_checks(names, table), self.step))
         if self._families:
-            step = families.Step(self.step, names, table, own,
-                                 [group_lr.get(id(e.group)) for e in entries],
-                                 [e.whole.shape for e in entries])
+            step = families.Step(self.step, names, table, own, list(map(group_lr.get, roster.groups)), roster.shapes)
             for fam in self._families:
                 rest.update(fam.figures(step))
         figures.update((tag, value) for tag, value in rest.items() if math.isfinite(value))
@@ -453,13 +454,24 @@ class Monitor:
         for model in (ref() for ref in self._watched):
             if model is not None:
                 self.health.check_watched(model, optimizer)
+        for chunk in roster.layout.chunks:  # no copy of p_before outlives its logging step
+            chunk.before = None
         return figures
 
-    def _parameter_figures(self, entries: list[Entry], names: list[str], hosted: stats.Hosted) -> dict[str, float]:
+    def _roster_of(self, unflat: list[Entry], entries: list[Entry]) -> Roster:
+        """This logging step's :class:`~monitored_optim.layout.Roster`: the last one where its layout and
+        the :func:`~monitored_optim.layout.composition` of its entries not captured flat (``unflat``;
+        ``entries``: all of them) are the same, else a new one."""
+        held, order = self._roster, composition(unflat)
+        if held is None or held.layout is not self._layout or held.composition != order:
+            held = self._roster = Roster.of(self._layout, order, [e for e in entries if e.lead is None])
+        return held
+
+    def _parameter_figures(self, roster: Roster, hosted: stats.Hosted) -> dict[str, float]:
         """Per-parameter figures from the host values (the five of :func:`_tags`, the grad's only where
         there was one, none that is undefined or not finite; ``update_lost`` in low precision), and
         each parameter's centring and snapshot decisions for the next logging step."""
-        table, norm = hosted.table, hosted.table.norm
+        table, norm, names = hosted.table, hosted.table.norm, roster.names
         columns = torch.stack([norm[:, 0], norm[:, 2], table.log10_ratio(2, 0),
                                norm[:, 1], table.log10_ratio(1, 0)], 1)
         shown = columns.isfinite()
@@ -469,30 +481,31 @@ class Monitor:
         tags = compress(self._tag_list, shown.flatten().tolist())
         figures = dict(zip(tags, columns[shown].tolist()))
         n = table.n[:, 0].tolist()
-        for name, got, count in zip(names, hosted.pieces, n):
-            if "lost" in got and count > 0:
-                figures[f"update_lost/{name}"] = got["lost"][0] / count
-        self._decide(entries, names, hosted, n)
+        for i in roster.low:
+            got = hosted.pieces[i]
+            if "lost" in got and n[i] > 0:
+                figures[f"update_lost/{names[i]}"] = got["lost"][0] / n[i]
+        self._decide(roster, hosted, n)
         return figures
 
-    def _decide(self, entries: list[Entry], names: list[str], hosted: stats.Hosted, n: list[float]) -> None:
+    def _decide(self, roster: Roster, hosted: stats.Hosted, n: list[float]) -> None:
         """After a logging step: which moments take the centred pass where the eager capture takes
         them next time (``_centre``, also for those the fused capture took now: a parameter may leave
         it, by losing its grad or a step with a closure; a grad's decision stays where there was
-        none) and which parameters stay snapshotted (:meth:`_still_risky`), for the parameters that
-        had elements (``n``)."""
-        table, held = hosted.table, self._centre
-        held.update({name: flags if grad else [flags[0], held.get(name, _CENTRED)[1], flags[2]]
-                     for name, flags, grad, count in zip(names, table.needs_centring.tolist(),
-                                                         table.has[:, 1].tolist(), n) if count})
-        dtypes = [e.p.dtype for e in entries]
-        eps_of = {dtype: capture.eps(dtype) for dtype in set(dtypes)}
-        eps = torch.tensor([eps_of[dtype] for dtype in dtypes], dtype=torch.float64)
+        none; one captured flat has none, :meth:`_layout_of`: should it leave the flat capture, its
+        sums come centred, exact for any spread) and which parameters stay snapshotted
+        (:meth:`_still_risky`), for the parameters that had elements (``n``)."""
+        table, held, names = hosted.table, self._centre, roster.names
+        if roster.captured:
+            index = torch.tensor(roster.captured, dtype=torch.long)
+            flags, grads = table.needs_centring[index].tolist(), table.has[index, 1].tolist()
+            held.update({names[i]: flag if grad else [flag[0], held.get(names[i], _CENTRED)[1], flag[2]]
+                         for i, flag, grad in zip(roster.captured, flags, grads) if n[i]})
         exact = torch.tensor([got["exact"][0] if "exact" in got else math.nan for got in hosted.pieces],
                              dtype=torch.float64)
         std = table.std
-        risky = capture.rounding_risk(eps, table.sq_norm[:, 0] / table.n[:, 0].clamp(min=1), std[:, 0], std[:, 2],
-                                      table.sq_norm[:, 2], exact)
+        risky = capture.rounding_risk(roster.eps, table.sq_norm[:, 0] / table.n[:, 0].clamp(min=1), std[:, 0],
+                                      std[:, 2], table.sq_norm[:, 2], exact)
         hot = {names[i] for i in (risky & (table.n[:, 0] > 0) & table.has[:, 2]).nonzero().flatten().tolist()}
         for name in hot:
             self._still_risky(name, True)
@@ -512,16 +525,15 @@ class Monitor:
             self._risky.pop(name, None)
 
     def _fuse(self, entries: list[Entry], state: dict[Tensor, dict[str, Any]], batch: stats.Batch) -> None:
-        """The rows of every fused entry into ``batch``: p_before, grad and u of each flat chunk
-        (:func:`~monitored_optim.fused.flat`) and of snapshotted parameters, the grad and u of rebuilt
-        ones (their p_before's rows came before the step, :func:`~monitored_optim.fused.prior`); one
+        """The rows of the fused capture into ``batch``: p_before, grad and u of each flat chunk of the
+        layout (:func:`~monitored_optim.fused.flat`) and, of ``entries`` (the other fused ones), of
+        snapshotted parameters, the grad and u of rebuilt ones (their p_before's rows came before the step, :func:`~monitored_optim.fused.prior`); one
         call per chunk of up to :data:`~monitored_optim.fused.CHUNK` parameters of one param group,
         device, dtype, rank and kind, so that identical blocks share a graph."""
         kinds: dict[tuple[Any, ...], list[Entry]] = {}
         for e in entries:
-            if e.flat is None:
-                kinds.setdefault((id(e.group), e.p.device, e.p.dtype, e.p.dim(), isinstance(e.snapshot, Cloned)), []).append(e)
-        for chunk in dict.fromkeys(e.flat for e in entries if e.flat is not None):  # each once, in order
+            kinds.setdefault((id(e.group), e.p.device, e.p.dtype, e.p.dim(), isinstance(e.snapshot, Cloned)), []).append(e)
+        for chunk in self._layout.chunks:
             grads, present = _grads(chunk.params)
             rows = fused.flat(chunk.before, _flatten_dense_tensors(chunk.params), _flatten_dense_tensors(grads),
                               chunk.lengths)  # eager: faster than compiled here
