@@ -272,6 +272,7 @@ class Monitor:
                     continue
                 if not (p.is_floating_point() or p.is_complex()):
                     continue  # integer tensors (frozen quantized weights) are never stepped
+                kind = kind if kind != "whole" or _dense_grad(p) else None
                 reason = capture.snapshot_reason(p, id(p) in layout.shared, name in self._risky)
                 if kind == "whole" and reason is not None:  # the snapshot rule's copy, taken compiled
                     e = Entry(name, group, p, None, fused=True)
@@ -352,19 +353,17 @@ class Monitor:
         return "rebuild" if fusable is not None and fusable(group) else "copy"
 
     def _fusable(self, p: Tensor) -> str | None:
-        """Whether the fused capture may take ``p`` where its group's :meth:`_fusion` allows it: a
-        non-empty dense float32/float64 parameter with a grad of its dtype, either ``"flat"`` (at most
-        :data:`~monitored_optim.fused.SMALL` elements, compiled or not) or ``"whole"`` (where compiling
-        is enabled for its device: the snapshot rule's copy, or, where the group's way is ``"rebuild"``,
-        the view's fused form); None where it may not."""
-        grad = p.grad
-        if grad is None or type(p) not in (Tensor, torch.nn.Parameter):
+        """Whether the fused capture may take ``p`` where its group's :meth:`_fusion` allows it, from
+        its metadata alone (a :class:`~monitored_optim.layout.Layout`'s input): a non-empty dense
+        float32/float64 parameter, either ``"flat"`` (at most :data:`~monitored_optim.fused.SMALL`
+        elements, compiled or not: its p_before is copied, so it needs no grad) or ``"whole"`` (where
+        compiling is enabled for its device: the snapshot rule's copy, or, where the group's way is
+        ``"rebuild"``, the view's fused form; on a logging step only with a dense grad,
+        :func:`_dense_grad`); None where it may not."""
+        if type(p) not in (Tensor, torch.nn.Parameter) or p.dtype not in (torch.float32, torch.float64) \
+                or p.layout is not torch.strided or p.numel() == 0:
             return None
-        dtype, n = p.dtype, p.numel()
-        if not (dtype in (torch.float32, torch.float64) and grad.dtype is dtype and n > 0
-                and p.layout is torch.strided and grad.layout is torch.strided):
-            return None
-        if n <= fused.SMALL:
+        if p.numel() <= fused.SMALL:
             return "flat"
         return "whole" if fused.enabled(self.settings.compile, p.device) else None
 
@@ -688,12 +687,22 @@ def _flat_chunks(small: list[Entry]) -> list[Flat]:
     return chunks
 
 
+def _dense_grad(p: Tensor) -> bool:
+    """Whether ``p`` has a dense grad (torch keeps a grad's dtype, device and shape those of its
+    parameter; a sparse one, ``nn.Embedding(sparse=True)``'s, has no fused form)."""
+    return p.grad is not None and p.grad.layout is torch.strided
+
+
 def _grads(params: list[Tensor]) -> tuple[list[Tensor], list[bool]]:
-    """Each parameter's grad after the step, zeros where it has none (a step that dropped it: its
-    grad's rows are left out), and whether it has one."""
+    """Each parameter's grad after the step, dense (a sparse grad of a parameter captured flat, made
+    dense), zeros where it has none (a parameter without one, or a step that dropped it: its grad's
+    rows are left out), and whether it has one."""
     grads = [p.grad for p in params]
-    return ([torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)],
-            [g is not None for g in grads])
+    present = [g is not None for g in grads]
+    if all(present) and all(g.layout is torch.strided for g in grads):
+        return grads, present
+    return ([torch.zeros_like(p) if g is None else g if g.layout is torch.strided else g.to_dense()
+             for p, g in zip(params, grads)], present)
 
 
 def _device_chunks(entries: list[Entry]) -> Iterator[list[Entry]]:

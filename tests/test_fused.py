@@ -215,9 +215,10 @@ def test_flat_chunks_are_greedy_consecutive_runs_within_the_budget(sizes):
 
 def test_a_parameter_that_leaves_the_flat_capture_keeps_its_ratios(tmp_path):
     """A small parameter captured flat on one logging step (a plain step), then eagerly on the next (a
-    step with a closure), after the user moved it far from zero: the eager capture's sums come centred,
-    as the flat step found it (its mean is 1,000 times its spread), so its ratios are still sent and
-    equal the clone truth."""
+    step with a closure), after the user moved it far from zero (its mean 1,000 times its spread): a
+    parameter captured flat keeps no centring decision, so the eager capture's sums come centred, not
+    from the uncentred decision of its first eager step, and its ratios are still sent and equal the
+    clone truth."""
     gen = torch.Generator().manual_seed(0)
     p = nn.Parameter(torch.randn(64, 16, generator=gen))
     named = [("p", p)]

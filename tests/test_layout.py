@@ -22,6 +22,8 @@ def _logged_step(opt: torch.optim.Optimizer, named: list[tuple[str, torch.Tensor
     """Fresh grads (none for ``no_grad``), one step, and its figures against the clone truth of ``named``."""
     for name, p in named:
         p.grad = None if name in no_grad else torch.randn(p.shape, generator=gen, dtype=p.dtype)
+        if "sparse" in no_grad and p.dim() == 1:
+            p.grad = p.grad.to_sparse()
     before, grads = truth.snapshot(named)
     opt.step()
     truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
@@ -55,15 +57,21 @@ def _select_fewer(opt, named, gen, chosen):
     return [(n, p) for n, p in named if n != "g"], ()
 
 
-CHANGES = {"a grad dropped": _drop_grad, "float64 data": _to_float64, "new shape": _reshape,
-           "a param group added": _add_group, "a callable selection": _select_fewer}
+def _sparse_grad(opt, named, gen, chosen):
+    return named, ("sparse",)
+
+
+CHANGES = {"float64 data": (_to_float64, True), "new shape": (_reshape, True), "a param group added": (_add_group, True),
+           "a callable selection": (_select_fewer, True), "a grad dropped": (_drop_grad, False),
+           "a sparse grad": (_sparse_grad, False)}
 
 
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_the_layout_is_kept_while_the_parameters_stay_the_same_and_rebuilt_when_they_change(change, tmp_path):
-    """Two logging steps with the same parameters share one layout; after ``change`` (each an input of
-    the layout: a grad's presence, a dtype or shape set through ``.data``, a param group, what a
-    ``params=`` callable selects) the next logging step builds a new one, and every step's figures
+    """Two logging steps with the same parameters share one layout; after ``change`` the next logging
+    step builds a new one where the change is an input of the layout (a dtype or shape set through
+    ``.data``, a param group, what a ``params=`` callable selects) and keeps it where it is not (a
+    grad dropped, or sparse: a parameter captured flat needs none, a dense one); every step's figures
     are the clone truth's (plain SGD: no state, so the parameters may change under it)."""
     gen = torch.Generator().manual_seed(0)
     named = _params(gen)
@@ -74,9 +82,10 @@ def test_the_layout_is_kept_while_the_parameters_stay_the_same_and_rebuilt_when_
     first = opt.monitor._layout
     _logged_step(opt, named, gen)
     assert opt.monitor._layout is first
-    named, no_grad = CHANGES[change](opt, named, gen, chosen)
+    change, rebuilt = CHANGES[change]
+    named, no_grad = change(opt, named, gen, chosen)
     _logged_step(opt, named, gen, no_grad)
-    assert opt.monitor._layout is not first
+    assert (opt.monitor._layout is not first) == rebuilt
     kept = opt.monitor._layout
     _logged_step(opt, named, gen, no_grad)
     assert opt.monitor._layout is kept
