@@ -62,6 +62,17 @@ class Entry:
         return self.snapshot.before if isinstance(self.snapshot, Cloned) else self.copy
 
 
+@dataclass(eq=False)
+class Entries:
+    """A logging step's entries: ``all`` in order (the parts of a large parameter one after another),
+    ``leads`` (one per parameter, the entry that holds its slots and pieces) and ``unflat`` (those not
+    captured flat: a flat entry is its layout's, the same at every logging step)."""
+
+    all: list[Entry]
+    leads: list[Entry]
+    unflat: list[Entry]
+
+
 @dataclass(eq=False)  # hashed by identity
 class Flat:
     """A chunk of small parameters captured flat (``fused.flat``): its entries (those whose ``flat``
@@ -135,15 +146,17 @@ def fingerprint(optimizer: torch.optim.Optimizer, extra: Any) -> list[Any]:
 @dataclass(eq=False)
 class Layout:
     """What a logging step derives from the monitored parameters alone (:func:`fingerprint`), kept
-    while it stays the same: the names per param group, the parameters chosen per group with their
-    fused kind (``"flat"``, ``"whole"`` or None, see ``Monitor._fusable``) and, for the flat ones,
-    their entry, the ids of parameters whose storage is shared, the capture's chunk budget in bytes
-    and the flat chunks. It holds the parameters and groups it lists (their ids stay theirs)."""
+    while it stays the same: the names per param group; per param group, the group, its fused way
+    (``Monitor._fusion``) and its chosen parameters in order, as runs of consecutive ones captured
+    flat (lists of their entries) and ``(name, p, kind)`` for the others (``kind``: ``"whole"`` or
+    None, see ``Monitor._fusable``); the ids of parameters whose storage is shared, the capture's
+    chunk budget in bytes and the flat chunks. It holds the parameters and groups it lists (their
+    ids stay theirs)."""
 
     key: list[Any]
     names: list[list[str]]
     mask: list[bool] | None
-    groups: list[tuple[dict[str, Any], str | None, list[tuple[str, Tensor, str | None, Entry | None]]]]
+    groups: list[tuple[dict[str, Any], str | None, list[list[Entry] | tuple[str, Tensor, str | None]]]]
     shared: set[int]
     budget: int
     chunks: list[Flat] = field(default_factory=list)

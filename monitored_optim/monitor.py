@@ -24,7 +24,7 @@ from torch import Tensor
 from torch._utils import _flatten_dense_tensors
 
 from . import amp, capture, distributed, families, fused, grouping, stats
-from .layout import Entry, Flat, Layout, Roster, composition, fingerprint, names as _names
+from .layout import Entries, Entry, Flat, Layout, Roster, composition, fingerprint, names as _names
 from ._warnings import warn
 from .backends import Fanout
 from .config import DEFAULT_FIGURES, MonitorConfig, Settings, every_parameter, family, resolve
@@ -224,7 +224,7 @@ class Monitor:
     @torch.compiler.disable
     @_gc_paused
     def _prepare(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
-                 ) -> tuple[list[Entry], stats.Batch, distributed.Sharding | None, tuple[Any, ...], dict[str, Any]]:
+                 ) -> tuple[Entries, stats.Batch, distributed.Sharding | None, tuple[Any, ...], dict[str, Any]]:
         """Before the base step of a logging step: the entries, their snapshots and the sums of
         p_before and the grads (a closure's, where the step takes one)."""
         sharding = distributed.sharding(optimizer)  # None outside torch.distributed
@@ -236,13 +236,13 @@ class Monitor:
         entries = self._before(optimizer if sharding is None else sharding.local, batch,
                                grad_scale, split=sharding is None, fuse=fuse)
         if sharding is not None:  # views that are not element-wise cannot rebuild a shard's update
-            sharding.clone_where_needed(entries, self.view)
-        args, kwargs = _record_grads_after_closure(entries, batch, args, kwargs, self._closure_first)
+            sharding.clone_where_needed(entries.all, self.view)
+        args, kwargs = _record_grads_after_closure(entries.all, batch, args, kwargs, self._closure_first)
         return entries, batch, sharding, args, kwargs
 
     @torch.compiler.disable
     @_gc_paused
-    def _finish(self, optimizer: torch.optim.Optimizer, entries: list[Entry], batch: stats.Batch,
+    def _finish(self, optimizer: torch.optim.Optimizer, entries: Entries, batch: stats.Batch,
                 sharding: distributed.Sharding | None) -> None:
         """After the base step of a logging step: count it, then measure and deliver its figures."""
         self._step += 1
@@ -256,59 +256,59 @@ class Monitor:
 
     @torch.no_grad()
     def _before(self, optimizer: torch.optim.Optimizer, batch: stats.Batch,
-                grad_scale: Tensor | None, split: bool = True, fuse: bool = False) -> list[Entry]:
+                grad_scale: Tensor | None, split: bool = True, fuse: bool = False) -> Entries:
         """An entry per part of each monitored parameter, with its snapshot, and the sums of p_before
         and the grad in ``batch`` (``split``: large parameters may be cut into parts; ``fuse``: the
         fused capture may take whole parameters: their p_before is copied, flat or not, or reduced
         here with its bounds, and their grads are reduced after the step)."""
-        entries, copies = [], []
+        entries, leads, unflat, blocks, copies = [], [], [], [], []
         layout = self._layout_of(optimizer, fuse)
         cut = split and elementwise(self.view)
         self._budget = batch.work.nbytes = layout.budget  # the batch's buffers: one chunk's temporaries
-        for group, way, picked in layout.groups:
-            for name, p, kind, flat in picked:
-                if flat is not None:  # copied into its chunk's buffer: the view is not run, so no part
-                    entries.append(flat)
+        for group, way, items in layout.groups:
+            for item in items:
+                if isinstance(item, list):  # a run of flat entries: copied into their chunks' buffers, no part
+                    entries += item
+                    blocks.append(item)
                     continue
+                name, p, kind = item
                 if not (p.is_floating_point() or p.is_complex()):
                     continue  # integer tensors (frozen quantized weights) are never stepped
                 kind = kind if kind != "whole" or _dense_grad(p) else None
                 reason = capture.snapshot_reason(p, id(p) in layout.shared, name in self._risky)
                 if kind == "whole" and reason is not None:  # the snapshot rule's copy, taken compiled
-                    e = Entry(name, group, p, None, fused=True)
-                    copies.append(e)
-                    entries.append(e)
-                    continue
-                state = optimizer.state.get(p, {})
-                if kind == "whole" and way == "rebuild":  # the view's fused form, its sums after the step
-                    entries.append(self._entry(name, group, capture.Part(p, state, p), None, None, True))
-                    continue
-                lead = None
-                for part in capture.parts(p, state, cut, self._budget // p.element_size()):
-                    e = self._entry(name, group, part, reason, lead, work=batch.work)
-                    lead = lead or e
-                    entries.append(e)
-        leads = [e for e in entries if e.lead is None]
-        for e, first in zip(leads, batch.slots(len(stats.KINDS) * len(leads))[::len(stats.KINDS)]):
-            if e.slots.get("p") != first:  # a flat entry of a kept layout holds the last step's slots
-                e.slots = {"p": first, "grad": first + 1, "u": first + 2}  # stats.KINDS
+                    made = [Entry(name, group, p, None, fused=True)]
+                    copies += made
+                elif kind == "whole" and way == "rebuild":  # the view's fused form, its sums after the step
+                    made = [self._entry(name, group, capture.Part(p, optimizer.state.get(p, {}), p), None, None, True)]
+                else:
+                    made, lead = [], None
+                    for part in capture.parts(p, optimizer.state.get(p, {}), cut, self._budget // p.element_size()):
+                        made.append(self._entry(name, group, part, reason, lead, work=batch.work))
+                        lead = lead or made[-1]
+                entries += made
+                unflat += made
+                blocks.append(made[0])
+        for block in blocks:  # leads in order: runs of flat entries, and the first part of each other
+            leads += block if isinstance(block, list) else [block]
+        _assign_slots(blocks, batch.slots(len(stats.KINDS) * len(leads)).start)
         for chunk in layout.chunks:
             chunk.before = fused.flat_copy(chunk.params)
         for chunk in _device_chunks(copies):  # the snapshot rule's copies of fused entries
             for e, before in zip(chunk, self._fuser(fused.copied, [e.p for e in chunk], device=chunk[0].p.device)):
                 e.snapshot = Cloned(before)
-        rebuilt = [e for e in entries if e.fused and e.snapshot is None and e.flat is None]
+        rebuilt = [e for e in unflat if e.fused and e.snapshot is None]
         for chunk in _device_chunks(rebuilt):  # the bounds and p_before's sums of those the view rebuilds
             rows = self._fuser(fused.prior, [e.p for e in chunk], device=chunk[0].p.device)
             batch.put(rows[:, 2:5], [stats.count(e.p) for e in chunk], [e.slots["p"] for e in chunk])
             for e, extremes, exact in zip(chunk, rows[:, :2].unbind(), rows[:, 5:].unbind()):
                 e.extremes = extremes
                 e.pieces["exact"] = exact
-        eager = [e for e in entries if not e.fused]
+        eager = [e for e in unflat if not e.fused]
         _record(batch, eager, "p", [e.p for e in eager], self._centring(eager, "p"))
         if self.settings.figures & {"grad_to_data", "norms", "health"}:
             _record_grads(batch, eager, grad_scale, self._centring(eager, "grad"))
-        return entries
+        return Entries(entries, leads, unflat)
 
     def _layout_of(self, optimizer: torch.optim.Optimizer, fuse: bool) -> Layout:
         """This logging step's :class:`~monitored_optim.layout.Layout`: the last one where its
@@ -324,20 +324,24 @@ class Monitor:
         if held is not None and held.mask == mask:
             return held
         chosen = iter(mask) if mask is not None else None
-        groups, flat = [], []
+        groups, flat, params = [], [], []
         for group, way, own in zip(optimizer.param_groups, ways, names):
-            picked = []
+            items: list[Any] = []  # runs of flat entries (lists) and the other parameters (name, p, kind)
             for name, p in zip(own, group["params"]):
                 if chosen is not None and not next(chosen):
                     continue
+                params.append(p)
                 kind = self._fusable(p) if way is not None else None
-                e = Entry(name, group, p, None, fused=True) if kind == "flat" else None
-                picked.append((name, p, kind, e))
-                flat += [e] if e is not None else []
-            groups.append((group, way, picked))
+                if kind != "flat":
+                    items.append((name, p, kind))
+                    continue
+                flat.append(Entry(name, group, p, None, fused=True))
+                if not (items and isinstance(items[-1], list)):
+                    items.append([])
+                items[-1].append(flat[-1])
+            groups.append((group, way, items))
         for e in flat:  # captured flat, exact for any spread: no centring decision (see _decide)
             self._centre.pop(e.name, None)
-        params = [p for _, _, picked in groups for _, p, _, _ in picked]
         self._layout = Layout(key, names, mask, groups, capture.shared(params),
                               capture.budget(sum(p.numel() * p.element_size() for p in params)), _flat_chunks(flat))
         return self._layout
@@ -397,44 +401,44 @@ class Monitor:
         return [self._centre.get(e.name, _CENTRED)[k] for e in entries]
 
     @torch.no_grad()
-    def _figures(self, optimizer: torch.optim.Optimizer, entries: list[Entry], batch: stats.Batch,
+    def _figures(self, optimizer: torch.optim.Optimizer, entries: Entries, batch: stats.Batch,
                  sharding: distributed.Sharding | None = None) -> dict[str, float]:
         state = (optimizer if sharding is None else sharding.local).state
         self._device_families = self._families if sharding is None else []  # no pieces to all_reduce
-        unflat = [e for e in entries if e.flat is None]
-        for chunk in _chunks([e for e in unflat if not e.fused], self._budget):
+        for chunk in _chunks([e for e in entries.unflat if not e.fused], self._budget):
             self._measure_updates(chunk, [e.part.refresh(state.get(e.part.whole, {})) for e in chunk], batch)
-        self._fuse([e for e in unflat if e.fused], state, batch)
+        self._fuse([e for e in entries.unflat if e.fused], state, batch)
         rows = batch.finish()
-        roster = self._roster_of(unflat, entries)
-        entries, names = [e for e in entries if e.lead is None], roster.names
+        roster = self._roster_of(entries)
+        leads, names = entries.leads, roster.names
         for fam in self._device_families:
             done = fam.done()
-            by_name = {e.name: e for e in entries} if done else {}
+            by_name = {e.name: e for e in leads} if done else {}
             for name, pieces in done.items():
                 for key, value in pieces.items():
                     _accumulate(by_name[name], key, value)
-        self._describe(entries, names)
+        self._describe(leads, names)
         tensor_lrs = _tensor_lrs(optimizer)
         if sharding is None:  # one host copy per device of the moments, every other piece and Tensor lrs
-            pieces = [piece for e in entries for piece in e.pieces.values()]
+            holding = [i for i in roster.captured if leads[i].pieces]  # a flat entry has none
+            pieces = [piece for i in holding for piece in leads[i].pieces.values()]
             index = roster.index
             pairs, present, extra = rows.host(index, pieces + list(tensor_lrs.values()))
             counts = rows.sizes[index[:, 0]]  # p_before's rows cover each parameter once
-            own, read = _host_pieces(entries, extra[:len(pieces)]), extra[len(pieces):]
+            own, read = _host_pieces(leads, holding, extra[:len(pieces)]), extra[len(pieces):]
         else:  # whole-parameter values and counts: one all_reduce, one host copy (and one for Tensor lrs)
-            for e in entries:
+            for e in leads:
                 e.pieces.update({kind: rows[slot] for kind, slot in e.slots.items() if rows[slot] is not None})
-            counts, pairs, present, own = sharding.reduce(entries)
+            counts, pairs, present, own = sharding.reduce(leads)
             read = stats.Moments({}, {}, 0, torch.zeros(0)).host(torch.zeros(0, dtype=torch.long),
                                                                list(tensor_lrs.values()))[2]
-        hosted = stats.Hosted(_moment_table(entries, counts, pairs, present), own)
+        hosted = stats.Hosted(_moment_table(leads, roster.captured, counts, pairs, present), own)
         table = hosted.table
         figures = self._parameter_figures(roster, hosted)  # finite already
         sq_norms = table.sq_norm.sum(0).tolist()
         rest = {f"global/{kind}_norm": math.sqrt(v) for kind, v in zip(("param", "grad", "update"), sq_norms)}
         errors = [_verify_error(e, *got["verify"], told=self._verify_told)
-                  for e, got in zip(entries, own) if "verify" in got] if self.settings.verify else []
+                  for e, got in zip(leads, own) if "verify" in got] if self.settings.verify else []
         lrs = _group_lrs(optimizer, dict(zip(tensor_lrs, read)))
         rest.update(_learning_rates(optimizer, lrs))
         group_lr = {id(group): lr for group, lr in zip(optimizer.param_groups, lrs)}
@@ -457,13 +461,13 @@ class Monitor:
             chunk.before = None
         return figures
 
-    def _roster_of(self, unflat: list[Entry], entries: list[Entry]) -> Roster:
+    def _roster_of(self, entries: Entries) -> Roster:
         """This logging step's :class:`~monitored_optim.layout.Roster`: the last one where its layout and
-        the :func:`~monitored_optim.layout.composition` of its entries not captured flat (``unflat``;
-        ``entries``: all of them) are the same, else a new one."""
-        held, order = self._roster, composition(unflat)
+        the :func:`~monitored_optim.layout.composition` of its entries not captured flat are the same,
+        else a new one."""
+        held, order = self._roster, composition(entries.unflat)
         if held is None or held.layout is not self._layout or held.composition != order:
-            held = self._roster = Roster.of(self._layout, order, [e for e in entries if e.lead is None])
+            held = self._roster = Roster.of(self._layout, order, entries.leads)
         return held
 
     def _parameter_figures(self, roster: Roster, hosted: stats.Hosted) -> dict[str, float]:
@@ -669,6 +673,20 @@ class Monitor:
         return compact
 
 
+def _assign_slots(blocks: list[Any], first: int) -> None:
+    """Give each parameter of a logging step its consecutive slots of :data:`~monitored_optim.stats.KINDS`
+    from ``first`` on, in the order of ``blocks``: runs of flat entries (lists) and the lead entry of
+    each other parameter. A run that starts at the slot it had on the last logging step keeps its
+    entries' slots (given together, the same as now)."""
+    width = len(stats.KINDS)
+    for block in blocks:
+        run = block if isinstance(block, list) else [block]
+        if run[0].slots.get("p") != first:
+            for k, e in enumerate(run):
+                e.slots = {"p": first + width * k, "grad": first + width * k + 1, "u": first + width * k + 2}
+        first += width * len(run)
+
+
 def _flat_chunks(small: list[Entry]) -> list[Flat]:
     """The flat entries cut into chunks of one param group, device and dtype of at most
     :data:`~monitored_optim.fused.FLAT` elements (each entry's ``flat`` set to its chunk)."""
@@ -790,20 +808,25 @@ def _tags(name: str) -> tuple[str, ...]:
             f"grad_norm/{name}", f"grad_to_data/{name}")
 
 
-def _host_pieces(entries: list[Entry], values: list[list[float]]) -> list[dict[str, list[float]]]:
-    """Per entry, its pieces' host values, from ``values`` in the order of the entries' pieces."""
-    values = iter(values)
-    return [{key: next(values) for key in e.pieces} if e.pieces else {} for e in entries]
+def _host_pieces(entries: list[Entry], holding: list[int], values: list[list[float]]
+                 ) -> list[dict[str, list[float]]]:
+    """Per entry, its pieces' host values (empty but for those at the indices ``holding``, in order),
+    from ``values`` in the order of their pieces."""
+    values, own = iter(values), [{} for _ in range(len(entries))]
+    for i in holding:
+        own[i] = {key: next(values) for key in entries[i].pieces}
+    return own
 
 
-def _moment_table(entries: list[Entry], counts: Tensor | list[float], pairs: Tensor, present: Tensor
-                  ) -> stats.MomentTable:
+def _moment_table(entries: list[Entry], captured: list[int], counts: Tensor | list[float], pairs: Tensor,
+                  present: Tensor) -> stats.MomentTable:
     """The host moments of a logging step as one table: ``counts``, the entries' element counts;
     ``pairs``, float64 ``(N, K, 2)`` of ``(mean, m2)`` per kind of :data:`~monitored_optim.stats.KINDS`,
     zeros where ``present`` (bool ``(N, K)``) says a kind had no values (no grad; no update: the
-    parameter did not move)."""
+    parameter did not move); ``captured``: the indices of the entries not captured flat (only the
+    eager capture's may be uncentred)."""
     uncentred = None  # every entry centred (the fused capture's)
-    if any(e.centred for e in entries):
+    if any(entries[i].centred for i in captured):
         uncentred = torch.tensor([not e.centred.get(kind, True) for e in entries for kind in stats.KINDS],
                                  dtype=torch.bool).reshape(len(entries), len(stats.KINDS))
     n = torch.as_tensor(counts, dtype=torch.float64).reshape(-1, 1)
