@@ -180,6 +180,7 @@ class Roster:
         groups: ``N`` ints, ``id`` of each parameter's param group.
         low: indices of the parameters in bf16/fp16.
         captured: indices of the parameters not captured flat.
+        position: name -> index.
     """
 
     layout: Layout
@@ -191,6 +192,10 @@ class Roster:
     groups: list[int]
     low: list[int]
     captured: list[int]
+    position: dict[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.position = {name: i for i, name in enumerate(self.names)}
 
     @classmethod
     def of(cls, layout: Layout, composition: list[tuple[str, bool, bool]], leads: list[Entry]) -> Roster:

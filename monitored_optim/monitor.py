@@ -504,18 +504,19 @@ class Monitor:
             flags, grads = table.needs_centring[index].tolist(), table.has[index, 1].tolist()
             held.update({names[i]: flag if grad else [flag[0], held.get(names[i], _CENTRED)[1], flag[2]]
                          for i, flag, grad in zip(roster.captured, flags, grads) if n[i]})
-        exact = torch.tensor([got["exact"][0] if "exact" in got else math.nan for got in hosted.pieces],
-                             dtype=torch.float64)
+        exact = torch.full((len(names),), math.nan, dtype=torch.float64)
+        held_exact = [i for i in roster.captured if "exact" in hosted.pieces[i]]  # a flat entry has no pieces
+        exact[held_exact] = torch.tensor([hosted.pieces[i]["exact"][0] for i in held_exact], dtype=torch.float64)
         std = table.std
-        risky = capture.rounding_risk(roster.eps, table.sq_norm[:, 0] / table.n[:, 0].clamp(min=1), std[:, 0],
-                                      std[:, 2], table.sq_norm[:, 2], exact)
+        risky = capture.rounding_risk(roster.eps, table.sq_norm[:, 0] / table.n[:, 0].clamp(min=1), std[:, 0], std[:, 2],
+                                      table.sq_norm[:, 2], exact)
         hot = {names[i] for i in (risky & (table.n[:, 0] > 0) & table.has[:, 2]).nonzero().flatten().tolist()}
         for name in hot:
             self._still_risky(name, True)
-        if len(self._risky) > len(hot):  # the others snapshotted by an earlier logging step
-            for i in [i for i, name in enumerate(names) if name in self._risky and name not in hot]:
-                if n[i]:
-                    self._still_risky(names[i], False)
+        for name in [name for name in self._risky if name not in hot]:  # snapshotted by an earlier logging step
+            i = roster.position.get(name)
+            if i is not None and n[i]:
+                self._still_risky(name, False)
 
     def _still_risky(self, name: str, risky: bool) -> None:
         """After a logging step: snapshot ``name`` for the next :data:`~monitored_optim.capture.SNAPSHOT_FOR`
