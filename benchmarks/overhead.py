@@ -104,16 +104,18 @@ def read_once_hook(opt):
 
 def flat_chunks(params):
     """The capture's flat chunks of the small ones of ``params`` (``fused.flat_chunks``): the lists of
-    parameters and their lengths (int64 tensors on their device)."""
+    parameters, their 1-D views (``fused.flat_views``) and their lengths (int64 tensors on their device)."""
     small = [p for p in params if p.numel() <= fused.SMALL]
     flats = [small[span.start:span.stop] for span in fused.flat_chunks([p.numel() for p in small])]
-    return flats, [torch.tensor([p.numel() for p in ps], device=ps[0].device) for ps in flats]
+    return (flats, [fused.flat_views(ps) for ps in flats],
+            [torch.tensor([p.numel() for p in ps], device=ps[0].device) for ps in flats])
 
 
-def flat_rows(flats, befores, lengths):
-    """After the step, each flat chunk's rows as the capture takes them: its flattens and ``fused.flat``."""
-    return [fused.flat(before, _flatten_dense_tensors(ps), _flatten_dense_tensors([p.grad for p in ps]), n)
-            for ps, before, n in zip(flats, befores, lengths)]
+def flat_rows(flats, views, befores, lengths):
+    """After the step, each flat chunk's rows as the capture takes them: the cat of its views, the flatten of
+    its grads and ``fused.flat``."""
+    return [fused.flat(before, torch.cat(vs), _flatten_dense_tensors([p.grad for p in ps]), n)
+            for ps, vs, before, n in zip(flats, views, befores, lengths)]
 
 
 def fused_kernels_hooks(opt):
@@ -129,12 +131,12 @@ def fused_kernels_hooks(opt):
         if p.numel() > fused.SMALL:
             ranks.setdefault(p.dim(), []).append(p)
     chunks = [ps[i:i + fused.CHUNK] for ps in ranks.values() for i in range(0, len(ps), fused.CHUNK)]
-    flats, lengths = flat_chunks(group["params"])
+    flats, views, lengths = flat_chunks(group["params"])
     held = {}
 
     @torch.no_grad()
     def pre(o, args, kwargs):
-        held["before"] = [fused.flat_copy(ps) for ps in flats]
+        held["before"] = [torch.cat(vs) for vs in views]
         held["prior"] = [fuser(fused.prior, ps, device=ps[0].device) for ps in chunks]
 
     @torch.no_grad()
@@ -143,7 +145,7 @@ def fused_kernels_hooks(opt):
             form = view.fused(group, ps, [o.state[p] for p in ps])
             if form is not None:  # the first step creates the state
                 fuser(fused.inverted, *form, prior[:, :2].contiguous(), ps, [p.grad for p in ps], device=ps[0].device)
-        flat_rows(flats, held["before"], lengths)
+        flat_rows(flats, views, held["before"], lengths)
 
     opt.register_step_pre_hook(pre)
     opt.register_step_post_hook(post)
@@ -172,7 +174,7 @@ def eager_kernels_hooks(opt):
     (group,) = opt.param_groups
     params = group["params"]
     limit = capture.budget(sum(p.numel() * p.element_size() for p in params)) // 4
-    flats, lengths = flat_chunks(params)
+    flats, views, lengths = flat_chunks(params)
     large = [p for p in params if p.numel() > fused.SMALL]
     adam = isinstance(opt, torch.optim.AdamW)
     if not adam and not (type(opt) is torch.optim.SGD and group["momentum"] and not group["nesterov"]):
@@ -185,7 +187,7 @@ def eager_kernels_hooks(opt):
 
     @torch.no_grad()
     def pre(o, args, kwargs):
-        held["before"] = [fused.flat_copy(ps) for ps in flats]
+        held["before"] = [torch.cat(vs) for vs in views]
         held["bounds"], sums = [], []
         for p in large:
             for x, g in zip(parts(p), parts(p.grad)):
@@ -218,7 +220,7 @@ def eager_kernels_hooks(opt):
                 t.mul_(lo != hi).add_(lo * (lo == hi))
                 torch.sub(x, t, out=t)
                 sums += [t.sum(), torch.linalg.vector_norm(t)]
-        rows = flat_rows(flats, held["before"], lengths)
+        rows = flat_rows(flats, views, held["before"], lengths)
         held["host"] = torch.cat([torch.stack(sums).double(), *(r.reshape(-1) for r in rows)]).tolist()
 
     opt.register_step_pre_hook(pre)

@@ -293,7 +293,7 @@ class Monitor:
             leads += block if isinstance(block, list) else [block]
         _assign_slots(blocks, batch.slots(len(stats.KINDS) * len(leads)).start)
         for chunk in layout.chunks:
-            chunk.before = fused.flat_copy(chunk.params)
+            chunk.before = torch.cat(chunk.views)
         for chunk in _device_chunks(copies):  # the snapshot rule's copies of fused entries
             for e, before in zip(chunk, self._fuser(fused.copied, [e.p for e in chunk], device=chunk[0].p.device)):
                 e.snapshot = Cloned(before)
@@ -359,7 +359,7 @@ class Monitor:
     def _fusable(self, p: Tensor) -> str | None:
         """Whether the fused capture may take ``p`` where its group's :meth:`_fusion` allows it, from
         its metadata alone (a :class:`~monitored_optim.layout.Layout`'s input): a non-empty dense
-        float32/float64 parameter, either ``"flat"`` (at most :data:`~monitored_optim.fused.SMALL`
+        float32/float64 parameter, either ``"flat"`` (contiguous, at most :data:`~monitored_optim.fused.SMALL`
         elements, compiled or not: its p_before is copied, so it needs no grad) or ``"whole"`` (where
         compiling is enabled for its device: the snapshot rule's copy, or, where the group's way is
         ``"rebuild"``, the view's fused form; on a logging step only with a dense grad,
@@ -368,7 +368,7 @@ class Monitor:
                 or p.layout is not torch.strided or p.numel() == 0:
             return None
         if p.numel() <= fused.SMALL:
-            return "flat"
+            return "flat" if p.is_contiguous() else None  # read through a view of its storage
         return "whole" if fused.enabled(self.settings.compile, p.device) else None
 
     def _entry(self, name: str, group: dict[str, Any], part: capture.Part, reason: str | None,
@@ -539,7 +539,7 @@ class Monitor:
             kinds.setdefault((id(e.group), e.p.device, e.p.dtype, e.p.dim(), isinstance(e.snapshot, Cloned)), []).append(e)
         for chunk in self._layout.chunks:
             grads, present = _grads(chunk.params)
-            rows = fused.flat(chunk.before, _flatten_dense_tensors(chunk.params), _flatten_dense_tensors(grads),
+            rows = fused.flat(chunk.before, torch.cat(chunk.views), _flatten_dense_tensors(grads),
                               chunk.lengths)  # eager: faster than compiled here
             self._put(batch, chunk.members, rows, stats.KINDS, present, chunk.sizes)
         for key, members in kinds.items():
@@ -700,7 +700,8 @@ def _flat_chunks(small: list[Entry]) -> list[Flat]:
         for span in fused.flat_chunks(sizes):
             chunk, lengths = members[span.start:span.stop], sizes[span.start:span.stop]
             params = [x.p for x in chunk]
-            chunks.append(Flat(chunk, params, lengths, torch.tensor(lengths, device=params[0].device)))
+            chunks.append(Flat(chunk, params, fused.flat_views(params), lengths,
+                               torch.tensor(lengths, device=params[0].device)))
             for x in chunk:
                 x.flat = chunks[-1]
     return chunks

@@ -45,6 +45,18 @@ def _reshape(opt, named, gen, chosen):
     return named, ()
 
 
+def _new_storage(opt, named, gen, chosen):
+    for _, p in named:
+        p.data = p.data.clone() + 1.0
+    return named, ()
+
+
+def _transposed(opt, named, gen, chosen):
+    v = named[3][1]
+    v.data = torch.randn(20, 30, generator=gen).t()  # same shape, not contiguous: no longer captured flat
+    return named, ()
+
+
 def _add_group(opt, named, gen, chosen):
     extra = nn.Parameter(torch.randn(50, generator=gen))
     opt.add_param_group({"params": [extra], "param_names": ["extra"], "lr": 1e-3})
@@ -61,7 +73,8 @@ def _sparse_grad(opt, named, gen, chosen):
     return named, ("sparse",)
 
 
-CHANGES = {"float64 data": (_to_float64, True), "new shape": (_reshape, True), "a param group added": (_add_group, True),
+CHANGES = {"float64 data": (_to_float64, True), "new shape": (_reshape, True), "new storage": (_new_storage, True),
+           "not contiguous": (_transposed, True), "a param group added": (_add_group, True),
            "a callable selection": (_select_fewer, True), "a grad dropped": (_drop_grad, False),
            "a sparse grad": (_sparse_grad, False)}
 
@@ -69,8 +82,8 @@ CHANGES = {"float64 data": (_to_float64, True), "new shape": (_reshape, True), "
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_the_layout_is_kept_while_the_parameters_stay_the_same_and_rebuilt_when_they_change(change, tmp_path):
     """Two logging steps with the same parameters share one layout; after ``change`` the next logging
-    step builds a new one where the change is an input of the layout (a dtype or shape set through
-    ``.data``, a param group, what a ``params=`` callable selects) and keeps it where it is not (a
+    step builds a new one where the change is an input of the layout (a dtype, shape or storage set
+    through ``.data``, a param group, what a ``params=`` callable selects) and keeps it where it is not (a
     grad dropped, or sparse: a parameter captured flat needs none, a dense one); every step's figures
     are the clone truth's (plain SGD: no state, so the parameters may change under it)."""
     gen = torch.Generator().manual_seed(0)
