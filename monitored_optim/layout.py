@@ -65,27 +65,27 @@ class Entry:
 @dataclass(eq=False)
 class Entries:
     """A logging step's entries: ``all`` in order (the parts of a large parameter one after another),
-    ``leads`` (one per parameter, the entry that holds its slots and pieces) and ``unflat`` (those not
-    captured flat: a flat entry is its layout's, the same at every logging step)."""
+    ``leads`` (one per parameter, the entry that holds its slots and pieces), ``unflat`` (those not
+    captured flat: a flat entry is its layout's, the same at every logging step) and ``befores``,
+    the flat copy of p_before of each of the layout's flat chunks, taken just before the step (the
+    step's own: nothing of it outlives the step)."""
 
     all: list[Entry]
     leads: list[Entry]
     unflat: list[Entry]
+    befores: list[Tensor]
 
 
 @dataclass(eq=False)  # hashed by identity
 class Flat:
     """A chunk of small parameters captured flat (``fused.flat``): its entries (those whose ``flat``
-    it is), their parameters and the 1-D views of those (``fused.flat_views``), their lengths
-    (element counts, as a list and as a tensor on their device) and, on a logging step, the flat
-    copy of p_before taken just before the step."""
+    it is), their parameters and their lengths (element counts, as a list and as a tensor on their
+    device)."""
 
     members: list[Entry]
     params: list[Tensor]
-    views: list[Tensor]
     sizes: list[int]
     lengths: Tensor
-    before: Tensor | None = None
 
 
 def names(optimizer: torch.optim.Optimizer, known: dict[int, str] | None = None) -> list[list[str]]:
@@ -128,10 +128,9 @@ _PLAIN = (Tensor, torch.nn.Parameter)
 
 def fingerprint(optimizer: torch.optim.Optimizer, extra: Any) -> list[Any]:
     """What a :class:`Layout` of ``optimizer``'s parameters is derived from: per param group its
-    identity and that of its ``param_names``, per parameter its identity, type, dtype, device, shape,
-    layout and data address (a flat chunk reads it through views of its storage, which keep that
-    storage alive: a parameter given another, ``p.data = ...``, has another address), after
-    ``extra`` (the monitor's own inputs). Two equal fingerprints give the same layout. Grads are not read: none of the layout's decisions depends on them (each logging step
+    identity and its ``param_names``, per parameter its identity, type, dtype, device, shape, layout
+    and data address (which parameters share storage is the layout's: ``p.data = q.data`` changes
+    it), after ``extra`` (the monitor's own inputs). Two equal fingerprints give the same layout. Grads are not read: none of the layout's decisions depends on them (each logging step
     reads them itself), and reading them made it twice as slow (1.9 against 1.0 ms for 2,000 small
     tensors inside logging steps).
 
@@ -145,7 +144,7 @@ def fingerprint(optimizer: torch.optim.Optimizer, extra: Any) -> list[Any]:
     """
     key = [extra]
     for group in optimizer.param_groups:
-        key.append((id(group), id(group.get("param_names"))))
+        key.append((id(group), tuple(group.get("param_names") or ())))
         key += [(id(p), type(p), p.dtype, p.device, p.shape, p.layout,
                  p.data_ptr() if type(p) in _PLAIN and p.layout is torch.strided else None) for p in group["params"]]
     return key
@@ -159,7 +158,7 @@ class Layout:
     flat (lists of their entries) and ``(name, p, kind)`` for the others (``kind``: ``"whole"`` or
     None, see ``Monitor._fusable``); the ids of parameters whose storage is shared, the capture's
     chunk budget in bytes and the flat chunks. It holds the parameters and groups it lists (their
-    ids stay theirs)."""
+    ids stay theirs) until a logging step builds another, or ``opt.monitor.close()``."""
 
     key: list[Any]
     names: list[list[str]]
@@ -192,7 +191,7 @@ class Roster:
     """
 
     layout: Layout
-    composition: list[tuple[str, bool, bool]]
+    composition: list[tuple[str, bool, bool, tuple[int, ...]]]
     names: list[str]
     index: Tensor
     shapes: list[torch.Size]
@@ -206,7 +205,8 @@ class Roster:
         self.position = {name: i for i, name in enumerate(self.names)}
 
     @classmethod
-    def of(cls, layout: Layout, composition: list[tuple[str, bool, bool]], leads: list[Entry]) -> Roster:
+    def of(cls, layout: Layout, composition: list[tuple[str, bool, bool, tuple[int, ...]]], leads: list[Entry]
+           ) -> Roster:
         """The roster of a logging step's ``leads`` (the entries that hold slots), from ``layout``."""
         eps_of = {dtype: capture.eps(dtype) for dtype in {e.p.dtype for e in leads}}
         return cls(layout, composition, [e.name for e in leads],
@@ -217,8 +217,9 @@ class Roster:
                    [i for i, e in enumerate(leads) if e.flat is None])
 
 
-def composition(entries: list[Entry]) -> list[tuple[str, bool, bool]]:
+def composition(entries: list[Entry]) -> list[tuple[str, bool, bool, tuple[int, ...]]]:
     """What decides a logging step's :class:`Roster` beyond its layout: per entry not captured flat (a
-    flat one is the layout's own), its name, whether it leads its parameter's parts, and whether the
-    fused capture takes it (the order of slots follows from these)."""
-    return [(e.name, e.lead is None, e.fused) for e in entries if e.flat is None]
+    flat one is the layout's own), its name, whether it leads its parameter's parts, whether the
+    fused capture takes it, and its slots (a step with a closure gives the eager capture's grads
+    slots of their own; the flat runs' slots follow from the rest)."""
+    return [(e.name, e.lead is None, e.fused, tuple(e.slots.values())) for e in entries if e.flat is None]

@@ -249,7 +249,9 @@ class Monitor:
         self._log(self._figures(optimizer, entries, batch, sharding))
 
     def close(self) -> None:
-        """Flush and close every backend (idempotent; also run at interpreter exit)."""
+        """Flush and close every backend and let go of the parameters the layout holds (idempotent; also
+        run at interpreter exit)."""
+        self._layout = self._roster = None
         self._backends.close()
         _OPEN.discard(self)
         _ALL.discard(self)  # a monitor resumed into the same logdir after this one is no clash
@@ -292,8 +294,7 @@ class Monitor:
         for block in blocks:  # leads in order: runs of flat entries, and the first part of each other
             leads += block if isinstance(block, list) else [block]
         _assign_slots(blocks, batch.slots(len(stats.KINDS) * len(leads)).start)
-        for chunk in layout.chunks:
-            chunk.before = torch.cat(chunk.views)
+        befores = [fused.flat_copy(chunk.params) for chunk in layout.chunks]
         for chunk in _device_chunks(copies):  # the snapshot rule's copies of fused entries
             for e, before in zip(chunk, self._fuser(fused.copied, [e.p for e in chunk], device=chunk[0].p.device)):
                 e.snapshot = Cloned(before)
@@ -308,7 +309,7 @@ class Monitor:
         _record(batch, eager, "p", [e.p for e in eager], self._centring(eager, "p"))
         if self.settings.figures & {"grad_to_data", "norms", "health"}:
             _record_grads(batch, eager, grad_scale, self._centring(eager, "grad"))
-        return Entries(entries, leads, unflat)
+        return Entries(entries, leads, unflat, befores)
 
     def _layout_of(self, optimizer: torch.optim.Optimizer, fuse: bool) -> Layout:
         """This logging step's :class:`~monitored_optim.layout.Layout`: the last one where its
@@ -342,7 +343,8 @@ class Monitor:
             groups.append((group, way, items))
         for e in flat:  # captured flat, exact for any spread: no centring decision (see _decide)
             self._centre.pop(e.name, None)
-        self._layout = Layout(key, names, mask, groups, capture.shared(params),
+        self._layout = Layout(key, names, mask, groups,  # storage shared with any parameter, chosen or not
+                              capture.shared(p for group in optimizer.param_groups for p in group["params"]),
                               capture.budget(sum(p.numel() * p.element_size() for p in params)), _flat_chunks(flat))
         return self._layout
 
@@ -359,7 +361,7 @@ class Monitor:
     def _fusable(self, p: Tensor) -> str | None:
         """Whether the fused capture may take ``p`` where its group's :meth:`_fusion` allows it, from
         its metadata alone (a :class:`~monitored_optim.layout.Layout`'s input): a non-empty dense
-        float32/float64 parameter, either ``"flat"`` (contiguous, at most :data:`~monitored_optim.fused.SMALL`
+        float32/float64 parameter, either ``"flat"`` (at most :data:`~monitored_optim.fused.SMALL`
         elements, compiled or not: its p_before is copied, so it needs no grad) or ``"whole"`` (where
         compiling is enabled for its device: the snapshot rule's copy, or, where the group's way is
         ``"rebuild"``, the view's fused form; on a logging step only with a dense grad,
@@ -368,7 +370,7 @@ class Monitor:
                 or p.layout is not torch.strided or p.numel() == 0:
             return None
         if p.numel() <= fused.SMALL:
-            return "flat" if p.is_contiguous() else None  # read through a view of its storage
+            return "flat"
         return "whole" if fused.enabled(self.settings.compile, p.device) else None
 
     def _entry(self, name: str, group: dict[str, Any], part: capture.Part, reason: str | None,
@@ -407,7 +409,7 @@ class Monitor:
         self._device_families = self._families if sharding is None else []  # no pieces to all_reduce
         for chunk in _chunks([e for e in entries.unflat if not e.fused], self._budget):
             self._measure_updates(chunk, [e.part.refresh(state.get(e.part.whole, {})) for e in chunk], batch)
-        self._fuse([e for e in entries.unflat if e.fused], state, batch)
+        self._fuse([e for e in entries.unflat if e.fused], entries.befores, state, batch)
         rows = batch.finish()
         roster = self._roster_of(entries)
         leads, names = entries.leads, roster.names
@@ -457,8 +459,6 @@ class Monitor:
         for model in (ref() for ref in self._watched):
             if model is not None:
                 self.health.check_watched(model, optimizer)
-        for chunk in roster.layout.chunks:  # no copy of p_before outlives its logging step
-            chunk.before = None
         return figures
 
     def _roster_of(self, entries: Entries) -> Roster:
@@ -528,18 +528,20 @@ class Monitor:
         else:
             self._risky.pop(name, None)
 
-    def _fuse(self, entries: list[Entry], state: dict[Tensor, dict[str, Any]], batch: stats.Batch) -> None:
+    def _fuse(self, entries: list[Entry], befores: list[Tensor], state: dict[Tensor, dict[str, Any]],
+              batch: stats.Batch) -> None:
         """The rows of the fused capture into ``batch``: p_before, grad and u of each flat chunk of the
-        layout (:func:`~monitored_optim.fused.flat`) and, of ``entries`` (the other fused ones), of
+        layout (:func:`~monitored_optim.fused.flat`; ``befores``: their p_before) and, of ``entries``
+        (the other fused ones), of
         snapshotted parameters, the grad and u of rebuilt ones (their p_before's rows came before the step, :func:`~monitored_optim.fused.prior`); one
         call per chunk of up to :data:`~monitored_optim.fused.CHUNK` parameters of one param group,
         device, dtype, rank and kind, so that identical blocks share a graph."""
         kinds: dict[tuple[Any, ...], list[Entry]] = {}
         for e in entries:
             kinds.setdefault((id(e.group), e.p.device, e.p.dtype, e.p.dim(), isinstance(e.snapshot, Cloned)), []).append(e)
-        for chunk in self._layout.chunks:
+        for chunk, before in zip(self._layout.chunks, befores):
             grads, present = _grads(chunk.params)
-            rows = fused.flat(chunk.before, torch.cat(chunk.views), _flatten_dense_tensors(grads),
+            rows = fused.flat(before, _flatten_dense_tensors(chunk.params), _flatten_dense_tensors(grads),
                               chunk.lengths)  # eager: faster than compiled here
             self._put(batch, chunk.members, rows, stats.KINDS, present, chunk.sizes)
         for key, members in kinds.items():
@@ -700,8 +702,7 @@ def _flat_chunks(small: list[Entry]) -> list[Flat]:
         for span in fused.flat_chunks(sizes):
             chunk, lengths = members[span.start:span.stop], sizes[span.start:span.stop]
             params = [x.p for x in chunk]
-            chunks.append(Flat(chunk, params, fused.flat_views(params), lengths,
-                               torch.tensor(lengths, device=params[0].device)))
+            chunks.append(Flat(chunk, params, lengths, torch.tensor(lengths, device=params[0].device)))
             for x in chunk:
                 x.flat = chunks[-1]
     return chunks

@@ -117,3 +117,76 @@ def test_names_given_by_watch_after_the_first_logging_step_rebuild_the_layout(tm
     opt.monitor.watch(model)
     _logged_step(opt, list(model.named_parameters()), gen)
     assert "update_norm/1.weight" in opt.monitor.latest
+
+
+def test_closure_and_plain_steps_that_share_a_layout_each_log_their_own_grads(tmp_path):
+    """SGD with Nesterov momentum and ``foreach`` rewrites ``p.grad`` in its step, so no fused capture
+    runs and a step with a closure and one without share a layout; the closure's grads get slots of
+    their own, and each step's figures (grads included) are the clone truth's, with no error."""
+    gen = torch.Generator().manual_seed(0)
+    named = [("b", nn.Parameter(torch.randn(100, generator=gen))), ("w", nn.Parameter(torch.randn(80, 80, generator=gen)))]
+    opt = Monitored(torch.optim.SGD)(named, lr=0.1, momentum=0.9, nesterov=True, foreach=True,
+                                     monitor=MonitorConfig(backend="none", logdir=tmp_path))
+    for step in range(4):
+        grads = [torch.randn(p.shape, generator=gen) for _, p in named]
+        before, _ = truth.snapshot(named)
+
+        def closure():
+            for (_, p), g in zip(named, grads):
+                p.grad = g.clone()
+            return torch.tensor(0.0)
+
+        if step % 2:
+            closure()
+            opt.step()
+        else:
+            opt.step(closure)
+        truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, dict(zip(["b", "w"], grads))))
+
+
+def test_storage_shared_with_a_parameter_left_out_of_the_selection_is_still_snapshotted(tmp_path):
+    """A monitored matrix whose first row is another parameter that ``params=`` leaves out: both are
+    stepped in one storage, so the matrix's update is the stored change, not its own rebuilt one."""
+    gen = torch.Generator().manual_seed(0)
+    w = nn.Parameter(torch.randn(80, 80, generator=gen))
+    row = nn.Parameter(w.data[0])
+    opt = Monitored(torch.optim.Adam)([("w", w), ("row", row)], lr=1e-2, monitor=MonitorConfig(
+        backend="none", logdir=tmp_path, params=lambda name, p: name == "w"))
+    for _ in range(3):
+        row.grad = torch.randn(80, generator=gen)
+        w.grad = torch.randn(80, 80, generator=gen)
+        before, grads = truth.snapshot([("w", w)])
+        opt.step()
+        truth.assert_figures_match(opt.monitor.latest, truth.figures([("w", w)], before, grads))
+
+
+def test_param_names_edited_in_place_rename_the_figures(tmp_path):
+    """A param group's ``param_names`` list changed in place: the next logging step logs the new name."""
+    gen = torch.Generator().manual_seed(0)
+    named = _params(gen)
+    opt = Monitored(torch.optim.SGD)(named, lr=1e-2, monitor=MonitorConfig(backend="none", logdir=tmp_path))
+    _logged_step(opt, named, gen)
+    opt.param_groups[0]["param_names"][1] = "bias"
+    named[1] = ("bias", named[1][1])
+    _logged_step(opt, named, gen)
+    assert "update_norm/bias" in opt.monitor.latest and "update_norm/b" not in opt.monitor.latest
+
+
+def test_close_lets_go_of_parameters_the_optimizer_no_longer_holds(tmp_path):
+    """The layout holds the parameters of its last logging step; after they leave the optimizer,
+    ``opt.monitor.close()`` frees them."""
+    import gc
+    import weakref
+
+    gen = torch.Generator().manual_seed(0)
+    named = _params(gen)
+    opt = Monitored(torch.optim.SGD)(named, lr=1e-2, monitor=MonitorConfig(backend="none", logdir=tmp_path))
+    _logged_step(opt, named, gen)
+    held = weakref.ref(named[0][1])
+    opt.param_groups.clear()
+    del named
+    gc.collect()
+    assert held() is not None  # the layout's until a logging step builds another
+    opt.monitor.close()
+    gc.collect()
+    assert held() is None
