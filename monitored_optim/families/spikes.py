@@ -66,9 +66,12 @@ class Spikes(Family):
         x = _values(step.table, step.lrs)
         past, count = (self._history, self._count) if self._all else (self._history[rows], self._count[rows])
         median = _median(past, count)
-        mad = _median((past - median.unsqueeze(-1)).abs(), count)
-        bound = torch.clamp(THRESHOLD * 1.4826 * mad, min=FLOOR)
-        spike = (count >= MIN_HISTORY) & x.isfinite() & (x - median > bound)
+        rise = x - median
+        spike = (count >= MIN_HISTORY) & x.isfinite() & (rise > FLOOR)  # the bound is at least FLOOR
+        r, k = spike.nonzero(as_tuple=True)  # the MAD only where a value may spike (usually nowhere)
+        if len(r):
+            mad = _median((past[r, k] - median[r, k].unsqueeze(-1)).abs(), count[r, k])
+            spike[r, k] = rise[r, k] > torch.clamp(THRESHOLD * 1.4826 * mad, min=FLOOR)
         keep = x.isfinite() & ~spike  # a spiking value does not enter the baseline
         r, k = keep.nonzero(as_tuple=True)
         self._history[rows[r], k, count[r, k] % WINDOW] = x[r, k]
