@@ -63,6 +63,10 @@ def test_the_trainer_snippets_build_their_optimizers(tmp_path, monkeypatch):
         exec(python_blocks()[1], namespace)
     assert isinstance(namespace["trainer"], transformers.Trainer)
     assert namespace["trainer"].optimizer.monitor.settings.backends == ("wandb",)
+    with pytest.warns(UserWarning, match="two monitored optimizers log the same tags"):  # the first snippet's too
+        grouped = namespace["grouped"].create_optimizer()  # the Trainer's decay / no-decay groups, named from the model
+    assert len(grouped.param_groups) == 2 and grouped.monitor.settings.backends == ("wandb",)
+    assert "transformer.h.0.attn.c_attn.weight" in grouped.monitor.describe() and "param0" not in grouped.monitor.describe()
     assert callable(namespace["configure_optimizers"])
     nanogpt = namespace["opt"].monitor  # the last line: bare tensors, named from MonitorConfig(model=)
     assert "transformer.h.0.attn.c_attn.weight" in nanogpt.describe() and "param0" not in nanogpt.describe()
