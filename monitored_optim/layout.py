@@ -7,7 +7,7 @@ tensors' metadata. Rebuilding it costs a few microseconds of Python per paramete
 costs about half of one and says when it must be rebuilt (measured on the benchmark's 2,000 small
 tensors under SGD momentum, stepped in turn with other models as the benchmark does: the work before
 the step 10.0 ms rebuilt at every logging step, 2.7 to 3.1 ms with the layout kept, of which the
-fingerprint is 1.0 ms and the flat copies of p_before 1.4 ms; a plain step is 13 to 15 ms).
+fingerprint is about 1 ms and the flat copies of p_before 1.4 ms; a plain step is 13 to 15 ms).
 """
 
 from __future__ import annotations

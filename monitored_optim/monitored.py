@@ -79,6 +79,8 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
         config = self.monitor.config
         state["_monitor_config"] = dataclasses.replace(config, model=None) if config is not None else None
         state["_monitor_step"] = self.monitor.step
+        known = self.monitor._model_names  # a watched model's names, by position (the model is not saved)
+        state["_monitor_names"] = [[known.get(id(p)) for p in group["params"]] for group in self.param_groups]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -86,10 +88,13 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
         # __setstate__ (with state and param_groups only), which must keep the running monitor.
         saved = "_monitor_config" in state
         config, count = state.pop("_monitor_config", None), state.pop("_monitor_step", 0)
+        names = state.pop("_monitor_names", [])
         base.__setstate__(self, state)
         if saved:
             self._monitor = _rebuilt_monitor(config, base)
             self._monitor.step = count
+            self._monitor._model_names.update((id(p), name) for group, own in zip(self.param_groups, names)
+                                              for p, name in zip(group["params"], own) if name is not None)
             self._monitor.attach(self)
 
     def state_dict(self) -> dict[str, Any]:

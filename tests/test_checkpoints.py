@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import pickle
+import warnings
 import subprocess
 import sys
 import textwrap
@@ -51,6 +52,26 @@ def test_instance_roundtrip_keeps_config_state_and_step(roundtrip, tmp_path):
     assert type(other) is type(opt) and other.monitor.step == 3 and other.monitor.settings.every == 2
     from test_exactness import assert_state_dicts_equal
     assert_state_dicts_equal(opt.state_dict(), other.state_dict())
+
+
+@pytest.mark.parametrize("roundtrip", ["pickle", "deepcopy"])
+def test_names_from_a_watched_model_survive_a_roundtrip(roundtrip, tmp_path):
+    """Groups of bare tensors named by ``MonitorConfig(model=model)``: the model is not saved with the
+    optimizer, its names are, so the copy logs the same tags and warns of no unnamed parameters."""
+    problem = models.mlp()
+    opt = Monitored(torch.optim.Adam)([p for _, p in problem.model.named_parameters()], lr=1e-2, monitor=MonitorConfig(
+        backend="jsonl", logdir=tmp_path, model=problem.model))
+    steps(problem, opt, 0, 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        other = pickle.loads(pickle.dumps(opt)) if roundtrip == "pickle" else copy.deepcopy(opt)
+    assert not [w for w in caught if "have no names" in str(w.message)]
+    for group in other.param_groups:  # the copy's own tensors
+        for p in group["params"]:
+            p.grad = torch.randn_like(p)
+    other.step()
+    assert {t for t in other.monitor.latest if t.startswith("update_norm/")} == \
+        {t for t in opt.monitor.latest if t.startswith("update_norm/")}
 
 
 def test_torch_save_then_load_and_continue_in_a_fresh_process(tmp_path):
@@ -234,7 +255,6 @@ def test_two_optimizers_with_the_same_tags_in_one_logdir_are_warned_about(tmp_pa
     first = Monitored(torch.optim.SGD)(models.mlp().groups, lr=0.1, monitor=config)
     with pytest.warns(UserWarning, match="give each one MonitorConfig\\(prefix=...\\)"):
         Monitored(torch.optim.SGD)(models.mlp().groups, lr=0.1, monitor=config)
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Monitored(torch.optim.SGD)(models.mlp().groups, lr=0.1, monitor=MonitorConfig(
