@@ -272,14 +272,19 @@ class Part:
         cols = self.whole.numel() // self.whole.shape[0]
         return slice(self.span.start * cols, self.span.stop * cols)
 
+    def regrad(self) -> None:
+        """Point ``p.grad`` at the slice of the parameter's grad now (a closure may have made a new one
+        since the part was cut)."""
+        if self.span is not None:
+            grad = self.whole.grad
+            self.p.grad = None if grad is None else _cut(grad, self.span, self.flat)
+
     def refresh(self, state: dict[str, Any]) -> dict[str, Any]:
-        """After the step: point ``p.grad`` at the slice of the parameter's grad now (a closure may
-        have made a new one) and return the slice of the post-step ``state`` (created lazily by the
-        first step)."""
+        """After the step: :meth:`regrad` and return the slice of the post-step ``state`` (created
+        lazily by the first step)."""
         if self.span is None:
             return state
-        grad = self.whole.grad
-        self.p.grad = None if grad is None else _cut(grad, self.span, self.flat)
+        self.regrad()
         self.state = _slice_state(state, self.whole, self.span, self.flat)
         return self.state
 

@@ -908,6 +908,9 @@ def _record_grads_after_closure(entries: list[Entry], batch: stats.Batch, args: 
         loss = closure()
         if not done:
             done = True
+            for e in entries:  # the parts of a large parameter were cut from the grad before the closure
+                if e.part is not None:
+                    e.part.regrad()
             with torch.no_grad():
                 _record_grads(batch, entries, None)
         return loss

@@ -190,3 +190,4 @@ def test_close_lets_go_of_parameters_the_optimizer_no_longer_holds(tmp_path):
     opt.monitor.close()
     gc.collect()
     assert held() is None
+

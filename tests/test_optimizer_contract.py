@@ -14,6 +14,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 import models
+import truth
 from monitored_optim import Monitored, MonitorConfig
 from monitored_optim.updates import CLONE, view_for
 from monitored_optim.updates.adam import AdamView
@@ -231,3 +232,27 @@ def test_deepcopy_and_pickle_keep_config_and_step(tmp_path):
 @pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.LBFGS, torch.optim.SGD])
 def test_generated_class_pickles_by_reference(cls):
     assert pickle.loads(pickle.dumps(Monitored(cls))) is Monitored(cls)
+
+
+@pytest.mark.parametrize("cls,kwargs", [(torch.optim.Adam, {"lr": 1e-2}), (torch.optim.SGD, {"lr": 0.1})],
+                         ids=["adam", "sgd"])
+@pytest.mark.parametrize("before", ["none", "stale"])
+def test_a_closure_gives_the_grads_of_a_parameter_cut_into_parts(cls, kwargs, before, tmp_path):
+    """A 300 x 300 matrix (cut into parts by the eager capture) whose grad before ``step(closure)`` is
+    None (``zero_grad(set_to_none=True)``) or a stale constant: its grad figures are those of the
+    grad the closure made (each part's grad was cut before the closure ran)."""
+    gen = torch.Generator().manual_seed(0)
+    named = [("big", nn.Parameter(torch.randn(300, 300, generator=gen))), ("small", nn.Parameter(torch.randn(10, generator=gen)))]
+    opt = Monitored(cls)(named, **kwargs, monitor=MonitorConfig(backend="none", logdir=tmp_path))
+    grads = {n: torch.randn(p.shape, generator=gen) for n, p in named}
+    for _, p in named:
+        p.grad = None if before == "none" else torch.full_like(p, 5.0)
+
+    def closure():
+        for n, p in named:
+            p.grad = grads[n].clone()
+        return torch.tensor(0.0)
+
+    snapshot, _ = truth.snapshot(named)
+    opt.step(closure)
+    truth.assert_figures_match(opt.monitor.latest, truth.figures(named, snapshot, grads))
