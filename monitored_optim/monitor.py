@@ -508,8 +508,8 @@ class Monitor:
         held_exact = [i for i in roster.captured if "exact" in hosted.pieces[i]]  # a flat entry has no pieces
         exact[held_exact] = torch.tensor([hosted.pieces[i]["exact"][0] for i in held_exact], dtype=torch.float64)
         std = table.std
-        risky = capture.rounding_risk(roster.eps, table.sq_norm[:, 0] / table.n[:, 0].clamp(min=1), std[:, 0], std[:, 2],
-                                      table.sq_norm[:, 2], exact)
+        risky = capture.rounding_risk(roster.eps, table.sq_norm[:, 0] / table.n[:, 0].clamp(min=1), std[:, 0],
+                                      std[:, 2], table.sq_norm[:, 2], exact)
         hot = {names[i] for i in (risky & (table.n[:, 0] > 0) & table.has[:, 2]).nonzero().flatten().tolist()}
         for name in hot:
             self._still_risky(name, True)
@@ -532,13 +532,14 @@ class Monitor:
               batch: stats.Batch) -> None:
         """The rows of the fused capture into ``batch``: p_before, grad and u of each flat chunk of the
         layout (:func:`~monitored_optim.fused.flat`; ``befores``: their p_before) and, of ``entries``
-        (the other fused ones), of
-        snapshotted parameters, the grad and u of rebuilt ones (their p_before's rows came before the step, :func:`~monitored_optim.fused.prior`); one
-        call per chunk of up to :data:`~monitored_optim.fused.CHUNK` parameters of one param group,
+        (the other fused ones), those of snapshotted parameters and the grad and u of rebuilt ones
+        (their p_before's rows came before the step, :func:`~monitored_optim.fused.prior`); one call
+        per chunk of up to :data:`~monitored_optim.fused.CHUNK` parameters of one param group,
         device, dtype, rank and kind, so that identical blocks share a graph."""
         kinds: dict[tuple[Any, ...], list[Entry]] = {}
         for e in entries:
-            kinds.setdefault((id(e.group), e.p.device, e.p.dtype, e.p.dim(), isinstance(e.snapshot, Cloned)), []).append(e)
+            key = (id(e.group), e.p.device, e.p.dtype, e.p.dim(), isinstance(e.snapshot, Cloned))
+            kinds.setdefault(key, []).append(e)
         for chunk, before in zip(self._layout.chunks, befores):
             grads, present = _grads(chunk.params)
             rows = fused.flat(before, _flatten_dense_tensors(chunk.params), _flatten_dense_tensors(grads),
