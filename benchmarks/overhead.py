@@ -27,9 +27,10 @@ logging step in ten), the extra peak memory of one logging step as a fraction of
 (the profiler's allocation events, ``benchmarks/memory.py``'s ``allocated_peak``), then one logging
 step on a model of 2,000 small tensors per optimizer (with ``fused kernels`` there as its bound), and
 each of the issue's targets as met, NOT met, impossible here (``fused kernels`` or ``eager kernels``
-alone, or ``floor``, already costs more than the target allows) or noise (a ratio that load on the machine made impossible: a
-mode that does more than plain measured faster than it, a mode below its own bound, or an iteration
-less than half its step's extra time above plain's). ``--quick`` runs 3 rounds.
+alone, or ``floor``, already costs more than the target allows) or noise (a ratio that load on the
+machine made impossible: a mode that does more than plain measured faster than it, or a mode below
+its own bound). An iteration target is judged on the larger of the measured iteration and the one
+its step time gives (:func:`judged`). ``--quick`` runs 3 rounds.
 """
 
 from __future__ import annotations
@@ -306,12 +307,16 @@ def verdict(value, target, noise=False, bound=None):
     return "NOT met"
 
 
-def drifted(med, mode):
-    """Whether ``mode``'s iterations came out less than half its step's extra time above plain's: the
-    forward and backward passes are the same work in every mode, so only drift of the machine
-    between their timings can hide the step's cost from the iteration's."""
-    extra_step = med[mode]["step"] - med["plain"]["step"]
-    return med[mode]["iter"] - med["plain"]["iter"] < extra_step / 2
+def judged(ratio, mode, kind, step_share):
+    """The ratio a target of ``mode`` is judged on: the step's as measured; for the iteration the larger
+    of the measured one and the one its step time gives, ``1 + (step ratio - 1) * step_share``
+    (``step_share``: the plain step's share of the plain iteration). The forward and backward passes
+    are the same work in every mode, so an iteration below that was only hidden by drift of the
+    machine between the modes' timings (one run measured SGD's at 1.047 where its step time gives
+    1.074); the steps' medians vary far less than the iterations' differences."""
+    if kind == "step":
+        return ratio[mode]["step"]
+    return max(ratio[mode]["iter"], 1 + (ratio[mode]["step"] - 1) * step_share)
 
 
 def bounds(ratio, step_share):
@@ -360,10 +365,12 @@ def bench(name, cls, kwargs, rounds, device):
         mem = f"{memory[m]:.1%}" if m in memory else ("as fused every=1" if m == "fused every=10" else "0")  # plain: nothing extra
         print(f"{m:<15} {ratio[m]['step']:>13.3f} {ratio[m]['iter']:>18.3f} {mem:>18}")
     loaded = ratio["floor"]["step"] < NOISE  # the floor does more than plain: it cannot be faster
-    least = bounds(ratio, med["plain"]["step"] / med["plain"]["iter"])
-    noise = {(m, k): ratio[m][k] < NOISE or loaded or (k == "iter" and drifted(med, m)) for m, k in TARGETS}
-    checks = [f"{m} {k} {ratio[m][k]:.3f} <= {t} {verdict(ratio[m][k], t, noise[m, k], least.get((m, k)))}"
-              for (m, k), t in TARGETS.items()]
+    share = med["plain"]["step"] / med["plain"]["iter"]
+    least = bounds(ratio, share)
+    noise = {(m, k): ratio[m][k] < NOISE or loaded for m, k in TARGETS}
+    value = {(m, k): judged(ratio, m, k, share) for m, k in TARGETS}
+    checks = [f"{m} {k} {ratio[m][k]:.3f}{f' ({value[m, k]:.3f} from its step time)' if value[m, k] != ratio[m][k] else ''}"
+              f" <= {t} {verdict(value[m, k], t, noise[m, k], least.get((m, k)))}" for (m, k), t in TARGETS.items()]
     vs_clone = med["fused every=1"]["step"] / med["clone-diff"]["step"]
     kernels_vs_clone = (least["fused every=1", "step"][0] / ratio["clone-diff"]["step"], least["fused every=1", "step"][1])
     checks.append(f"fused every=1 / clone-diff {vs_clone:.2f} <= {CLONE_TARGET} "

@@ -41,3 +41,18 @@ def test_eager_kernels_give_every_parts_stored_change(cls, kwargs):
         for (total, norm), got_total, got_norm in zip(want, got[0::2], got[1::2]):
             assert got_norm == pytest.approx(norm, rel=1e-4) and norm > 0  # the figures' tolerance
             assert got_total == pytest.approx(total, rel=1e-4, abs=1e-6 * norm)
+
+
+def test_an_iteration_is_judged_no_faster_than_its_step_time_gives():
+    """The forward and backward passes are the same in every mode: an iteration measured below
+    ``1 + (step ratio - 1) * step share`` (drift between the modes' timings) is judged on that value,
+    so it cannot print as met (one run's SGD: 1.047 measured, 1.074 from its step time); one above it
+    is judged as measured, and a step target on the step."""
+    share = 2.30 / 95.86
+    drifted = {"fused every=1": {"step": 4.095, "iter": 1.047}}
+    value = overhead.judged(drifted, "fused every=1", "iter", share)
+    assert value == pytest.approx(1 + 3.095 * share) and value > 1.07
+    assert overhead.verdict(value, 1.05) == "NOT met"
+    slower = {"fused every=1": {"step": 1.5, "iter": 1.2}}
+    assert overhead.judged(slower, "fused every=1", "iter", 0.05) == 1.2
+    assert overhead.judged(slower, "fused every=1", "step", 0.05) == 1.5
