@@ -369,8 +369,9 @@ def bench(name, cls, kwargs, rounds, device):
     least = bounds(ratio, share)
     noise = {(m, k): ratio[m][k] < NOISE or loaded for m, k in TARGETS}
     value = {(m, k): judged(ratio, m, k, share) for m, k in TARGETS}
-    checks = [f"{m} {k} {ratio[m][k]:.3f}{f' ({value[m, k]:.3f} from its step time)' if value[m, k] != ratio[m][k] else ''}"
-              f" <= {t} {verdict(value[m, k], t, noise[m, k], least.get((m, k)))}" for (m, k), t in TARGETS.items()]
+    derived = {key: f" ({v:.3f} from its step time)" if v != ratio[key[0]][key[1]] else "" for key, v in value.items()}
+    checks = [f"{m} {k} {ratio[m][k]:.3f}{derived[m, k]} <= {t} "
+              f"{verdict(value[m, k], t, noise[m, k], least.get((m, k)))}" for (m, k), t in TARGETS.items()]
     vs_clone = med["fused every=1"]["step"] / med["clone-diff"]["step"]
     kernels_vs_clone = (least["fused every=1", "step"][0] / ratio["clone-diff"]["step"], least["fused every=1", "step"][1])
     checks.append(f"fused every=1 / clone-diff {vs_clone:.2f} <= {CLONE_TARGET} "
