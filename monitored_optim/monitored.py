@@ -6,6 +6,7 @@ import copyreg
 import dataclasses
 import inspect
 import threading
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -97,16 +98,15 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
                                               for p, name in zip(group["params"], own) if name is not None)
             self._monitor.attach(self)
 
-    def state_dict(self) -> dict[str, Any]:
-        sd = base.state_dict(self)
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        sd = base.state_dict(self, *args, **kwargs)
         if "_monitor" in vars(self):  # absent while a base __init__ calls state_dict()
             sd["monitor"] = {"step": self._monitor.step}
         return sd
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        state_dict = dict(state_dict)
-        saved = state_dict.pop("monitor", None)
-        base.load_state_dict(self, state_dict)
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        args, kwargs, saved = _without_monitor_entry(base.load_state_dict, self, args, kwargs)
+        base.load_state_dict(self, *args, **kwargs)
         if "_monitor" in vars(self):
             self._monitor.step = int(saved["step"]) if saved else _step_from_state(self, self._monitor.step)
             if not saved and self._monitor.step == 0 and any(self.state.values()):
@@ -126,13 +126,16 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
 
     __init__.__signature__ = _with_monitor_kwarg(base.__init__)  # type: ignore[attr-defined]
     __init__.__doc__ = base.__init__.__doc__
-    step.__signature__ = inspect.signature(raw_step(base))  # type: ignore[attr-defined]
+    step.__signature__ = _signature(raw_step(base))  # type: ignore[attr-defined]
     step.__doc__ = raw_step(base).__doc__
+    state_dict.__signature__ = _signature(base.state_dict)  # type: ignore[attr-defined]
+    load_state_dict.__signature__ = _signature(base.load_state_dict)  # type: ignore[attr-defined]
     state_dict.__doc__ = (f"{base.__name__}.state_dict() plus ``'monitor': {{'step': N}}``, the monitor's step "
                           f"count (ignored by the plain class's load_state_dict).")
-    load_state_dict.__doc__ = ("Load a state dict of this class or of the plain base class; the monitor's "
-                               "step count continues from the saved one (from the optimizer's own "
-                               "``state[p]['step']`` when the plain class saved it).")
+    load_state_dict.__doc__ = (f"Load a state dict of this class or of the plain {base.__name__}.\n\n"
+                               f"Takes the arguments {base.__name__}.load_state_dict takes. The monitor's step count "
+                               "continues from the saved one (from the optimizer's own ``state[p]['step']`` when the "
+                               "plain class saved it).")
     name = f"Monitored{base.__name__}"
     namespace = {
         "__init__": __init__, "step": step, "monitor": monitor,
@@ -180,17 +183,52 @@ def _step_from_state(optimizer: torch.optim.Optimizer, default: int) -> int:
     return max(steps) if steps else default
 
 
-def _parameters(init: Any) -> list[str]:
+def _without_monitor_entry(load: Any, optimizer: torch.optim.Optimizer, args: tuple[Any, ...],
+                           kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
+    """The arguments of a ``load(optimizer, *args, **kwargs)`` call with the state dict's ``'monitor'``
+    entry taken out, and that entry (``None`` where there is none).
+
+    The state dict is the first argument after ``self`` of ``load``'s signature, by position or by
+    its own name (``state_dict`` in torch, ``state`` in pytorch-optimizer's Lookahead); a copy of it
+    without the entry replaces it. Arguments that do not bind to the signature, or a state dict that
+    is not a mapping, come back unchanged, for ``load`` itself to refuse.
+    """
+    sig = _signature(load)
+    if sig is None or len(sig.parameters) < 2:
+        return args, kwargs, None
     try:
-        return list(inspect.signature(init).parameters)
+        bound = sig.bind(optimizer, *args, **kwargs)
+    except TypeError:
+        return args, kwargs, None
+    first = list(sig.parameters.values())[1]
+    value = bound.arguments.get(first.name)
+    if first.kind is inspect.Parameter.VAR_POSITIONAL:
+        value = value[0] if value else None
+    if not isinstance(value, Mapping) or "monitor" not in value:
+        return args, kwargs, None
+    state_dict = {k: v for k, v in value.items() if k != "monitor"}
+    if first.kind is inspect.Parameter.VAR_POSITIONAL:
+        bound.arguments[first.name] = (state_dict, *bound.arguments[first.name][1:])
+    else:
+        bound.arguments[first.name] = state_dict
+    return bound.args[1:], bound.kwargs, value["monitor"]
+
+
+def _signature(fn: Any) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
     except (TypeError, ValueError):
-        return []
+        return None
+
+
+def _parameters(init: Any) -> list[str]:
+    sig = _signature(init)
+    return list(sig.parameters) if sig is not None else []
 
 
 def _with_monitor_kwarg(init: Any) -> inspect.Signature | None:
-    try:
-        sig = inspect.signature(init)
-    except (TypeError, ValueError):
+    sig = _signature(init)
+    if sig is None:
         return None
     params = list(sig.parameters.values())
     extra = inspect.Parameter("monitor", inspect.Parameter.KEYWORD_ONLY, default=None,

@@ -19,6 +19,8 @@ from monitored_optim import Monitored, MonitorConfig
 from monitored_optim.updates import CLONE, view_for
 from monitored_optim.updates.adam import AdamView
 from monitored_optim.updates.sgd import SgdView
+from test_exactness import assert_state_dicts_equal
+from thirdparty import MomentumSGD
 
 ALL = [torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax, torch.optim.Adagrad,
        torch.optim.Adadelta, torch.optim.RMSprop, torch.optim.Rprop, torch.optim.NAdam, torch.optim.RAdam,
@@ -69,6 +71,94 @@ class Drifting(torch.optim.Adam):
                 for p in g["params"]:
                     p.add_(torch.full_like(p, 1e-2).cumsum(-1))
         return out
+
+
+@pytest.mark.parametrize("cls", [torch.optim.AdamW, torch.optim.LBFGS, MomentumSGD], ids=lambda c: c.__name__)
+def test_overridden_methods_have_the_base_signatures(cls):
+    for name in ("step", "zero_grad", "state_dict", "load_state_dict"):
+        assert inspect.signature(getattr(Monitored(cls), name)) == inspect.signature(getattr(cls, name)), name
+
+
+def without_monitor(sd):
+    return {k: v for k, v in sd.items() if k != "monitor"}
+
+
+# calls of methods whose arguments differ from torch's (MomentumSGD's), by position and by keyword
+TAKEN = {
+    "step positional": lambda o: o.step(None, 0.5),
+    "step keywords": lambda o: o.step(scale=0.5, sign=True),
+    "zero_grad keywords": lambda o: o.zero_grad(False, groups=[1]),
+    "state_dict positional": lambda o: o.state_dict({"kept": 1}),
+    "state_dict keywords": lambda o: o.state_dict(destination={"kept": 1}, note="n"),
+    "load_state_dict positional": lambda o: o.load_state_dict(o.state_dict(note="saved"), False),
+    "load_state_dict keywords": lambda o: o.load_state_dict(note="call", state=o.state_dict(), move_to_device=False),
+}
+REFUSED = {
+    "step, an extra positional": lambda o: o.step(None, 0.5, True),
+    "state_dict, an unknown keyword": lambda o: o.state_dict(keep_vars=True),
+    "load_state_dict, torch's name": lambda o: o.load_state_dict(state_dict=o.state_dict()),
+    "load_state_dict, none": lambda o: o.load_state_dict(),
+    "load_state_dict, twice": lambda o: o.load_state_dict(o.state_dict(), state=o.state_dict()),
+    "load_state_dict, an extra positional": lambda o: o.load_state_dict(o.state_dict(), False, None),
+    "load_state_dict, not a dict": lambda o: o.load_state_dict([1]),
+}
+
+
+@pytest.mark.parametrize("call", list(TAKEN), ids=list(TAKEN))
+def test_overridden_methods_take_what_the_base_takes(call, tmp_path):
+    """Each call gives the monitored optimizer the plain one's result and state (a saved dict less
+    its 'monitor' entry), the loaded dict's own entries and the call's arguments passed through."""
+    twins = []
+    for cls in (MomentumSGD, Monitored(MomentumSGD)):
+        problem = models.mlp()
+        opt = cls(problem.groups, lr=0.1, count=int, **({} if cls is MomentumSGD else {"monitor": quiet(tmp_path)}))
+        for i in range(2):
+            opt.zero_grad()
+            problem.loss(i).backward()
+            opt.step()
+            out = TAKEN[call](opt)
+        twins.append((problem, opt, out))
+    (plain_problem, plain, plain_out), (problem, opt, out) = twins
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(problem.named, plain_problem.named))
+    assert all((a.grad is None) == (b.grad is None) for (_, a), (_, b) in zip(problem.named, plain_problem.named))
+    assert_state_dicts_equal(opt.state_dict(), plain.state_dict())
+    assert getattr(opt, "loaded_with", None) == getattr(plain, "loaded_with", None)
+    if isinstance(plain_out, dict):
+        assert without_monitor(out).keys() == plain_out.keys() and out["kept"] == 1
+        assert_state_dicts_equal(out, plain_out)
+    assert opt.monitor.step == plain.param_groups[0]["step"]  # a loaded dict's own count
+
+
+class Forwarding(MomentumSGD):
+    """A subclass whose load_state_dict forwards ``*args, **kwargs`` (as a decorating wrapper does)."""
+
+    def load_state_dict(self, *args, **kwargs):
+        super().load_state_dict(*args, **kwargs)
+
+
+def test_a_state_dict_given_through_star_args_gives_its_count(tmp_path):
+    problem = models.mlp()
+    opt = Monitored(Forwarding)(problem.groups, lr=0.1, monitor=quiet(tmp_path))
+    for i in range(2):
+        opt.zero_grad()
+        problem.loss(i).backward()
+        opt.step()
+    fresh = Monitored(Forwarding)(problem.groups, lr=0.1, monitor=quiet(tmp_path))
+    fresh.load_state_dict(opt.state_dict(), move_to_device=False)
+    assert fresh.monitor.step == 2 and fresh.loaded_with == (None, False, None)
+    assert_state_dicts_equal(fresh.state_dict(), opt.state_dict())
+
+
+@pytest.mark.parametrize("call", list(REFUSED), ids=list(REFUSED))
+def test_overridden_methods_refuse_what_the_base_refuses(call, tmp_path):
+    problem = models.mlp()
+    plain = MomentumSGD(problem.groups, lr=0.1)
+    opt = Monitored(MomentumSGD)(problem.groups, lr=0.1, monitor=quiet(tmp_path))
+    with pytest.raises(Exception) as refused:
+        REFUSED[call](plain)
+    with pytest.raises(type(refused.value)) as ours:
+        REFUSED[call](opt)
+    assert str(ours.value) == str(refused.value)
 
 
 def test_views_are_chosen_by_step_function():
