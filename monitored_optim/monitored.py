@@ -5,6 +5,7 @@ from __future__ import annotations
 import copyreg
 import dataclasses
 import inspect
+import math
 import threading
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -108,7 +109,7 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
         args, kwargs, saved = _without_monitor_entry(base.load_state_dict, self, args, kwargs)
         base.load_state_dict(self, *args, **kwargs)
         if "_monitor" in vars(self):
-            self._monitor.step = int(saved["step"]) if saved else _step_from_state(self, self._monitor.step)
+            self._monitor.step = int(saved["step"]) if saved else _step_count_kept(self, self._monitor.step)
             if not saved and self._monitor.step == 0 and any(self.state.values()):
                 warn("monitored_optim: the loaded state dict has optimizer state but no step count (a plain "
                      f"{base.__name__} checkpoint keeps none), so the monitor's x axis starts again at step 1; "
@@ -134,8 +135,9 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
                           f"count (ignored by the plain class's load_state_dict).")
     load_state_dict.__doc__ = (f"Load a state dict of this class or of the plain {base.__name__}.\n\n"
                                f"Takes the arguments {base.__name__}.load_state_dict takes. The monitor's step count "
-                               "continues from the saved one (from the optimizer's own ``state[p]['step']`` when the "
-                               "plain class saved it).")
+                               "continues from the saved one; in a plain state dict, from the count the optimizer "
+                               "keeps (``state[p]['step']``, ``param_groups[i]['step']`` or ``['k']``, or those of an "
+                               "optimizer it wraps). Optimizer state with no count warns and starts at step 1.")
     name = f"Monitored{base.__name__}"
     namespace = {
         "__init__": __init__, "step": step, "monitor": monitor,
@@ -177,10 +179,32 @@ def _rebuilt_monitor(config: MonitorConfig | None, base: type) -> Monitor:
         return Monitor(MonitorConfig(backend="none", every=(config.every if config else None) or 1), base)
 
 
-def _step_from_state(optimizer: torch.optim.Optimizer, default: int) -> int:
-    """The largest ``state[p]['step']`` (Adam and most others count steps there), else ``default``."""
-    steps = [int(s["step"]) for s in optimizer.state.values() if isinstance(s, dict) and "step" in s]
-    return max(steps) if steps else default
+def _step_count_kept(optimizer: torch.optim.Optimizer, default: int) -> int:
+    """The number of steps ``optimizer`` has taken, by the count it keeps, else ``default``.
+
+    The first of these that holds a count gives the largest of its counts: ``state[p]["step"]``
+    (torch's Adam and most others), ``param_groups[i]["step"]`` (pytorch-optimizer, timm),
+    ``param_groups[i]["k"]`` (schedulefree: the steps taken); then the same in each optimizer that
+    ``optimizer`` wraps (an attribute that is an optimizer, as pytorch-optimizer's
+    ``Lookahead.optimizer``). A count is an int, a float or a one-element tensor.
+    """
+    wrapped = [v for v in vars(optimizer).values() if isinstance(v, torch.optim.Optimizer) and v is not optimizer]
+    for opt in (optimizer, *wrapped):
+        for counts in ([s.get("step") for s in opt.state.values() if isinstance(s, dict)],
+                       [g.get("step") for g in opt.param_groups], [g.get("k") for g in opt.param_groups]):
+            found = [n for n in map(_as_count, counts) if n is not None]
+            if found:
+                return max(found)
+    return default
+
+
+def _as_count(value: Any) -> int | None:
+    """``value`` as a step count (an int, a float or a one-element tensor, finite and >= 0), else None."""
+    if isinstance(value, torch.Tensor):
+        value = value.item() if value.numel() == 1 else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return int(value)
 
 
 def _without_monitor_entry(load: Any, optimizer: torch.optim.Optimizer, args: tuple[Any, ...],

@@ -4,6 +4,7 @@ plain class, several optimizers in one logdir, failing backends, and runs that d
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import pickle
 import warnings
@@ -18,7 +19,7 @@ import torch
 import models
 from monitored_optim import Monitored, MonitorConfig
 from test_backends import read_jsonl, read_tensorboard
-from thirdparty import SignSGD
+from thirdparty import MomentumSGD, SignSGD
 
 TESTS = Path(__file__).resolve().parent
 
@@ -136,6 +137,90 @@ def test_monitored_state_dict_resumes_its_step_count(tmp_path):
     fresh = Monitored(torch.optim.SGD)(models.mlp().groups, lr=0.1, monitor=MonitorConfig(backend="none"))
     fresh.load_state_dict(sd)
     assert fresh.monitor.step == 4
+
+
+def lookahead(cls, params, **monitor):
+    """pytorch-optimizer's Lookahead around AdamW, as its users build it: the wrapped optimizer is an
+    instance, and ``Monitored(Lookahead)`` monitors the wrapper's steps (the slow-weight pulls included)."""
+    from pytorch_optimizer import Lookahead
+
+    return Monitored(Lookahead)(torch.optim.AdamW(params, lr=1e-2), k=2, **monitor) if cls == "monitored" else \
+        Lookahead(torch.optim.AdamW(params, lr=1e-2), k=2)
+
+
+def schedule_free(cls, params, **monitor):
+    """schedulefree's AdamWScheduleFree, in train mode as its step requires; it counts steps in group["k"]."""
+    from schedulefree import AdamWScheduleFree
+
+    opt = (Monitored(AdamWScheduleFree) if cls == "monitored" else AdamWScheduleFree)(params, lr=1e-2, **monitor)
+    opt.train()
+    return opt
+
+
+def momentum_sgd(count):
+    def make(cls, params, **monitor):
+        return (Monitored(MomentumSGD) if cls == "monitored" else MomentumSGD)(params, lr=0.1, count=count, **monitor)
+    return make
+
+
+# optimizers whose plain state dict holds a step count elsewhere than in state[p]["step"]
+KEPT_COUNTS = {"group step int": momentum_sgd(int), "group step float": momentum_sgd(float),
+               "group step tensor": momentum_sgd(torch.tensor), "schedulefree k": schedule_free,
+               "Lookahead's wrapped AdamW": lookahead}
+
+
+def resume_plain_checkpoint(make, logdir):
+    """Three plain steps, the plain state dict loaded into a monitored optimizer on the same model,
+    one monitored step: the steps it logged, and whether the model matches four plain steps'."""
+    reference, problem = models.mlp(), models.mlp()
+    steps(reference, make("plain", reference.groups), 0, 4)
+    plain = make("plain", problem.groups)
+    steps(problem, plain, 0, 3)
+    opt = make("monitored", problem.groups, monitor=MonitorConfig(backend="jsonl", logdir=logdir))
+    opt.load_state_dict(plain.state_dict())
+    steps(problem, opt, 3, 1)
+    opt.monitor.close()
+    return list(read_jsonl(logdir)), all(torch.equal(a, b) for (_, a), (_, b) in zip(problem.named, reference.named))
+
+
+@pytest.mark.parametrize("case", list(KEPT_COUNTS), ids=list(KEPT_COUNTS))
+def test_a_plain_checkpoint_continues_the_axis_from_the_count_its_optimizer_keeps(case, tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        logged, same = resume_plain_checkpoint(KEPT_COUNTS[case], tmp_path)
+    assert logged == [4] and same
+
+
+def test_a_plain_checkpoint_without_a_count_still_warns(tmp_path):
+    with pytest.warns(RuntimeWarning, match="has optimizer state but no step count"):
+        logged, same = resume_plain_checkpoint(momentum_sgd(None), tmp_path)
+    assert logged == [1] and same
+
+
+def test_pytorch_optimizers_lookahead_round_trips_by_its_own_argument_name(tmp_path):
+    """Monitored(Lookahead): its state_dict loads back by Lookahead's own name for the state dict,
+    ``state``; the count continues and the trajectory is the plain Lookahead's, bit for bit."""
+    from pytorch_optimizer import Lookahead
+
+    assert inspect.signature(Monitored(Lookahead).load_state_dict) == inspect.signature(Lookahead.load_state_dict)
+    reference, problem = models.mlp(), models.mlp()
+    ref = lookahead("plain", reference.groups)
+    steps(reference, ref, 0, 6)
+    opt = lookahead("monitored", problem.groups, monitor=MonitorConfig(backend="jsonl", logdir=tmp_path))
+    steps(problem, opt, 0, 3)
+    saved = opt.state_dict()
+    opt.monitor.close()
+    assert saved["monitor"] == {"step": 3}
+    resumed = lookahead("monitored", problem.groups, monitor=MonitorConfig(backend="jsonl", logdir=tmp_path))
+    resumed.load_state_dict(state=saved)
+    steps(problem, resumed, 3, 3)
+    resumed.monitor.close()
+    assert list(read_jsonl(tmp_path)) == [1, 2, 3, 4, 5, 6]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(problem.named, reference.named))
+    from test_exactness import assert_state_dicts_equal
+    assert_state_dicts_equal(resumed.state_dict()["base_optimizer"], ref.state_dict()["base_optimizer"])
+    plain = lookahead("plain", problem.groups)
+    plain.load_state_dict(state=resumed.state_dict())  # and into the plain class, which ignores 'monitor'
 
 
 def test_two_optimizers_share_a_logdir_with_prefixes(tmp_path):
