@@ -635,8 +635,9 @@ class Monitor:
             _accumulate(e.owner, "exact", capture.at_powers_of_two(before, p))  # inversion? (inverted parts:
             # at_powers_of_two_bound, before the step, in _entry)
         truth = u if before is not None else (None if clone is None else Cloned(clone).update(p))
-        if truth is not None and self.settings.verify:
-            _accumulate(e.owner, "verify", capture.verify_miss(u, truth, meant, p), norms=True)
+        if truth is not None and self.settings.verify:  # shared storage changes by every sharer's update:
+            checked = None if id(e.whole) in self._layout.shared else meant  # not one view's to check
+            _accumulate(e.owner, "verify", capture.verify_miss(u, truth, checked, p), norms=True)
         where = span if span is not None else e.part.flat_span()
         for fam in self._device_families:
             for key, value in fam.part(e.name, e.part.whole, u, where, {} if span is not None else state or {},
