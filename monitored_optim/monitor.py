@@ -65,7 +65,8 @@ class Monitor:
         step: optimizer steps completed (int; the first ``step()`` makes it 1; AMP-skipped steps
             count only with ``MonitorConfig(count="calls")``). The x axis of every logged figure.
             May be set (an int >= 0), to continue the axis of a checkpoint that has no step count;
-            setting it below a step already logged warns once.
+            setting it below a step already logged warns once. Loading a state dict of the monitored
+            class continues its saved count quietly (:meth:`resume_at`), a rollback included.
         latest: ``dict[str, float]``, tag -> value of the last logging step (empty before it).
         settings: the checked :class:`~monitored_optim.config.Settings`.
         health: the :class:`~monitored_optim.health.Health` tracker (``health.skipped_steps``).
@@ -119,14 +120,25 @@ class Monitor:
 
     @step.setter
     def step(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"opt.monitor.step={value!r} is not valid: expected an integer >= 0")
-        if value < self._logged and not self._told_back:
+        if _valid_step(value) < self._logged and not self._told_back:
             self._told_back = True
             warn(f"monitored_optim: the monitor's step moves back from {self._step} to {value}, below step "
                  f"{self._logged} that it already logged, so figures will be logged again at steps already "
                  "used; set opt.monitor.step to the step your checkpoint was saved at", RuntimeWarning)
         self._step = value
+
+    def resume_at(self, step: int) -> None:
+        """Continue the count from ``step``, the count a loaded checkpoint saved, without a warning.
+
+        Loading a checkpoint is deliberate and its count is right, so a rollback to it (saved at step
+        5, trained to 10, loaded) goes back quietly; what was logged after ``step`` is superseded.
+        Setting :attr:`step` by hand below a logged step warns instead.
+
+        Raises:
+            ValueError: ``step`` is not an integer >= 0.
+        """
+        self._step = _valid_step(step)
+        self._logged = min(self._logged, step)
 
     def skipped(self) -> None:
         """Count a step that an AMP GradScaler skipped (``health/skipped_steps``, and the step itself
@@ -635,8 +647,9 @@ class Monitor:
             _accumulate(e.owner, "exact", capture.at_powers_of_two(before, p))  # inversion? (inverted parts:
             # at_powers_of_two_bound, before the step, in _entry)
         truth = u if before is not None else (None if clone is None else Cloned(clone).update(p))
-        if truth is not None and self.settings.verify:
-            _accumulate(e.owner, "verify", capture.verify_miss(u, truth, meant, p), norms=True)
+        if truth is not None and self.settings.verify:  # shared storage changes by every sharer's update:
+            checked = None if id(e.whole) in self._layout.shared else meant  # not one view's to check
+            _accumulate(e.owner, "verify", capture.verify_miss(u, truth, checked, p), norms=True)
         where = span if span is not None else e.part.flat_span()
         for fam in self._device_families:
             for key, value in fam.part(e.name, e.part.whole, u, where, {} if span is not None else state or {},
@@ -788,6 +801,13 @@ def _record_grads(batch: stats.Batch, entries: list[Entry], grad_scale: Tensor |
     scale = None if grad_scale is None else grad_scale.detach().double().reciprocal()  # sums are linear
     _record(batch, [e for e, _ in with_grad], "grad", [e.p.grad for e, _ in with_grad],
             [c for _, c in with_grad], scale)
+
+
+def _valid_step(value: Any) -> int:
+    """``value`` if it is an integer >= 0 (a bool is not), else ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"opt.monitor.step={value!r} is not valid: expected an integer >= 0")
+    return value
 
 
 def _verify_error(e: Entry, miss: float, truth: float, told: set[str]) -> float:

@@ -109,7 +109,10 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
         args, kwargs, saved = _without_monitor_entry(base.load_state_dict, self, args, kwargs)
         base.load_state_dict(self, *args, **kwargs)
         if "_monitor" in vars(self):
-            self._monitor.step = int(saved["step"]) if saved else _step_count_kept(self, self._monitor.step)
+            if saved:  # the count this class saved: a rollback to it is deliberate, no warning
+                self._monitor.resume_at(int(saved["step"]))
+            else:
+                self._monitor.step = _step_count_kept(self, self._monitor.step)
             if not saved and self._monitor.step == 0 and any(self.state.values()):
                 warn("monitored_optim: the loaded state dict has optimizer state but no step count (a plain "
                      f"{base.__name__} checkpoint keeps none), so the monitor's x axis starts again at step 1; "

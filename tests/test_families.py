@@ -45,17 +45,43 @@ def spike_run(model, opt, steps, change_grads=lambda step: None, sched=None):
     return counts, [str(w.message) for w in caught if "spike" in str(w.message)]
 
 
-def test_a_spike_injected_into_one_layer_is_named_and_only_it(tmp_path):
+@pytest.mark.parametrize("cls,kwargs,figures", [
+    (O.AdamW, dict(lr=1e-3), "(grad_norm)"),  # Adam's update keeps its size: only the grad spikes
+    (O.SGD, dict(lr=1e-2), "(grad_norm and update_rms_per_lr)"),  # SGD's update follows the grad
+], ids=["adamw", "sgd"])
+def test_a_spike_injected_into_one_layer_is_named_and_only_it(tmp_path, cls, kwargs, figures):
     model = mlp()
-    opt = Monitored(O.AdamW)(model.named_parameters(), lr=1e-3, monitor=MonitorConfig(backend="none", logdir=tmp_path))
+    opt = Monitored(cls)(model.named_parameters(), **kwargs, monitor=MonitorConfig(backend="none", logdir=tmp_path))
 
     def spike(step):
         if step == 20:
             model[2].weight.grad *= 1e3  # a spike in 2.weight's gradient, nowhere else
 
     counts, spikes = spike_run(model, opt, 30, spike)
-    assert spikes == [spikes[0]] and "spike at step 20 in '2.weight' (grad_norm" in spikes[0], spikes
+    assert spikes == [spikes[0]] and f"spike at step 20 in '2.weight' {figures}:" in spikes[0], spikes
     assert counts[19] == 1 and sum(counts) == 1, counts
+
+
+def test_a_steady_update_whose_spread_moves_is_no_spike():
+    """A 30-layer stack of Linear(4, 4) under Adam, logged every step: a four-element bias's update
+    keeps its size (norm 0.0033 to 0.0037) while its grad grows smoothly and the centred spread of
+    its update, update_to_data, rises by two decades; a change of spread is no spike."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(30)])
+    opt = Monitored(O.Adam)(model.named_parameters(), lr=1e-3, monitor=MonitorConfig(backend="none", every=1))
+    ratios, norms = [], []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(1, 151):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).sum().backward()
+            opt.step()
+            ratios.append(opt.monitor.latest["update_to_data/7.bias"])
+            norms.append(opt.monitor.latest["update_norm/7.bias"])
+            assert opt.monitor.latest["health/spikes"] == 0, step
+    assert max(ratios[60:80]) - min(ratios[60:80]) > 1.5  # the spread moved, as in the issue
+    assert 0.003 < min(norms[60:80]) and max(norms[60:80]) < 0.004  # the size did not
+    assert not [str(w.message) for w in caught if "spike" in str(w.message)]
 
 
 @pytest.mark.parametrize("schedule", ["x0.05 at step 100", "x100 after a constant warmup", "grads x1e-3 at step 100"])
@@ -208,11 +234,11 @@ def test_describe_says_how_each_parameter_is_captured():
 
 
 def _table_of(names, figures):
-    """A moment table whose grad norms and update-to-data ratios are ``figures``' (two elements per
+    """A moment table whose grad norms and update RMSs are ``figures``' (two elements of mean 0 per
     parameter, p's std 1; a missing grad norm a zero one)."""
     from monitored_optim.stats import MomentTable
 
-    m2 = torch.tensor([[1.0, figures.get(f"grad_norm/{name}", 0.0) ** 2, 10 ** (2 * figures[f"update_to_data/{name}"])]
+    m2 = torch.tensor([[1.0, figures.get(f"grad_norm/{name}", 0.0) ** 2, 2 * figures[f"update_rms/{name}"] ** 2]
                        for name in names], dtype=torch.float64)
     n = torch.full((len(names), 1), 2.0, dtype=torch.float64)
     return MomentTable(n, torch.zeros_like(m2), m2, torch.zeros_like(m2, dtype=torch.bool))
@@ -221,7 +247,7 @@ def _table_of(names, figures):
 def test_spike_counts_equal_hampels_identifier_computed_here():
     """The vectorized spikes family against the one-sided rule written out with ``statistics.median``
     per series, over 60 logging steps of 30 parameters with injected jumps up and falls, missing
-    values, zero grad norms and a decaying lr (known for half the parameters)."""
+    values, zero norms and a decaying lr (known for half the parameters)."""
     import math
     import statistics
     from collections import deque
@@ -238,7 +264,7 @@ def test_spike_counts_equal_hampels_identifier_computed_here():
         figures = {}
         for i, name in enumerate(names):
             g = float(10 ** (torch.randn(1, generator=gen).item() * 0.1 - 2))
-            r = -3 + math.log10(lr / 1e-3) + 0.05 * torch.randn(1, generator=gen).item()  # u ∝ lr
+            r = -3 + math.log10(lr / 1e-3) + 0.05 * torch.randn(1, generator=gen).item()  # log10 RMS of u ∝ lr
             near = 0.9 + 0.2 * torch.rand(1, generator=gen).item()  # about the floor of a factor of 10:
             if (step + i) % 7 == 0:  # jumps on both sides of the rule's bound
                 g *= 10 ** near
@@ -248,15 +274,15 @@ def test_spike_counts_equal_hampels_identifier_computed_here():
                 r += near if (step + i) % 2 else -2 * near
             if (step + 2 * i) % 13 != 0:  # sometimes missing
                 figures[f"grad_norm/{name}"] = 0.0 if (step + i) % 29 == 0 else g
-            figures[f"update_to_data/{name}"] = r
+            figures[f"update_rms/{name}"] = 0.0 if (step + i) % 23 == 0 else 10 ** r  # sometimes no update
         want = 0
         for name, group_lr in zip(names, lrs):
             hit = False
-            for kind in S.FIGURES:
+            for kind in ("grad_norm", "update_rms"):
                 value = figures.get(f"{kind}/{name}")
-                if value is None or (kind == "grad_norm" and value <= 0):
+                if value is None or value <= 0:
                     continue
-                x = math.log10(value) if kind == "grad_norm" else value - math.log10(group_lr or 1.0)
+                x = math.log10(value) - (math.log10(group_lr or 1.0) if kind == "update_rms" else 0.0)
                 past = history.setdefault((name, kind), deque(maxlen=S.WINDOW))
                 spike = False
                 if len(past) >= S.MIN_HISTORY:

@@ -69,6 +69,28 @@ def test_an_axis_that_goes_back_is_warned_once(tmp_path):
         opt.monitor.step = 0  # told once
 
 
+def test_a_rollback_to_a_checkpoint_of_the_monitored_class_is_no_alarm(tmp_path):
+    """Saved at step 5, trained to 10, the step-5 state dict loaded (it carries the count): the rollback
+    is deliberate and the count right, so no warning, and the next logged step is 6. Setting the
+    step by hand below a logged step still warns, with its advice."""
+    problem = models.mlp()
+    opt = Monitored(torch.optim.Adam)(problem.groups, lr=1e-2, monitor=MonitorConfig(backend="jsonl", logdir=tmp_path))
+    train(opt, problem, 5)
+    saved = opt.state_dict()
+    assert saved["monitor"] == {"step": 5}
+    train(opt, problem, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.load_state_dict(saved)
+        assert opt.monitor.step == 5
+        train(opt, problem, 2)
+    opt.monitor.close()
+    assert [row["step"] for row in read_jsonl(tmp_path)] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 6, 7]
+    with pytest.warns(RuntimeWarning, match="moves back from 7 to 3, below step 7 that it already logged.*"
+                                            "set opt.monitor.step to the step your checkpoint was saved at"):
+        opt.monitor.step = 3
+
+
 @pytest.mark.parametrize("how", ["config", "watch"])
 def test_groups_of_bare_tensors_are_named_from_the_model(how, tmp_path):
     """nanoGPT's configure_optimizers and HF's optimizer_cls_and_kwargs give groups of bare tensors;

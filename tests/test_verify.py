@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import models
+import truth
 from monitored_optim import Monitored, MonitorConfig
 from monitored_optim import monitor as monitor_module
 from monitored_optim.updates import Scaled, Stores, register, view_for
@@ -105,6 +106,34 @@ def test_verify_mode_catches_a_view_off_by_two_percent(dtype, init, monkeypatch,
     assert opt.monitor.latest["verify/max_rel_error"] > 0.01
     true_norm = (w.detach().double() - before.double()).norm().item()
     assert opt.monitor.latest["update_norm/w"] == pytest.approx(true_norm, rel=1e-4)  # the figure itself is exact
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_verify_mode_on_weights_that_share_storage_raises_no_alarm(dtype, tmp_path):
+    """Two Linear layers whose weights are one memory (``b.weight.data = a.weight.data``): the stored
+    change holds both layers' updates, and each weight's figures are that change, as a clone sees it.
+    Verify mode checks no single layer's rebuilt update against it: no warning, no large error."""
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(16, 16).to(dtype), torch.nn.Linear(16, 16).to(dtype)
+    b.weight.data = a.weight.data
+    model = torch.nn.Sequential(a, torch.nn.Tanh(), b)
+    named = list(model.named_parameters())
+    opt = Monitored(torch.optim.Adam)(named, lr=1e-2, monitor=MonitorConfig(backend="none", verify=True,
+                                                                             logdir=tmp_path))
+    gen = torch.Generator().manual_seed(1)
+    tol = dict(norm_rtol=1e-4) if dtype == torch.float32 else dict(norm_rtol=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(4):
+            opt.zero_grad()
+            model(torch.randn(8, 16, generator=gen).to(dtype)).square().sum().backward()
+            before, grads = truth.snapshot(named)
+            opt.step()
+            logged = opt.monitor.latest
+            assert logged["verify/max_rel_error"] < 1e-3, logged["verify/max_rel_error"]  # the biases: views checked
+            truth.assert_figures_match({k: v for k, v in logged.items() if not k.startswith(("verify/", "update_lost/"))},
+                                       truth.figures(named, before, grads), **tol)
+    assert a.weight.data_ptr() == b.weight.data_ptr()  # still one memory
 
 
 def _scaled(u, k):

@@ -1,10 +1,17 @@
-"""Per-layer spikes: a parameter's grad norm or update-to-data ratio jumping far above its recent past.
+"""Per-layer spikes: a parameter's grad or update jumping far above its recent size.
 
-For each monitored parameter and each of ``log10(grad_norm)`` and ``update_to_data`` per unit of
-learning rate (``update_to_data - log10(lr)``, where the param group's lr is a known positive
-number; all log10, so a spike is a factor), the baseline is the median m and the median absolute
-deviation MAD of its last :data:`WINDOW` logged values. A value x spikes when it has at least
-:data:`MIN_HISTORY` values behind it and
+A spike is a jump in size. For each monitored parameter two magnitudes are judged, both as log10
+(so a spike is a factor): ``grad_norm``, the L2 norm of its grad, and ``update_rms_per_lr``, the
+root mean square of its update per unit of its group's learning rate,
+``log10(||u|| / sqrt(n)) - log10(lr)`` (``lr`` where it is a known positive number, else 1).
+Dividing by the lr keeps warmup and decay, which scale every layer's update by design, from
+counting. Adam-like optimizers normalise the update, so its RMS per lr stays near 1 whatever the
+grad's scale and a blown-up grad shows in ``grad_norm``; under SGD the update follows the grad and
+both rise. The update's centred spread (``update_to_data``) is not judged: in a tensor of a few
+elements it moves by decades while the update keeps its size.
+
+Against each series' median m and median absolute deviation MAD over its last :data:`WINDOW`
+logged values, a value x spikes when it has at least :data:`MIN_HISTORY` values behind it and
 
     x - m > max(THRESHOLD · 1.4826 · MAD, FLOOR)
 
@@ -12,9 +19,8 @@ deviation MAD of its last :data:`WINDOW` logged values. A value x spikes when it
 parameter whose figure barely moves, or falls steadily early in training, from spiking on noise).
 Only a jump up is a spike: the blow-up that comes before a loss spike. A fall is not (a schedule's
 decay, a one-element bias whose grad crosses zero); a lasting one shows in ``health/unchanged`` and
-``health/no_grad``. Dividing the update by the lr keeps warmup and decay, which move every layer's
-ratio by design, from counting. A spiking value does not enter the baseline. Computed from the
-step's moment table, already on the host: no device work, no sync.
+``health/no_grad``. A spiking value does not enter the baseline. Computed from the step's moment
+table, already on the host: no device work, no sync.
 Source: Hampel's identifier (Hampel 1974; Pearson 2002, "Outliers in process modeling and
 identification"), one-sided.
 """
@@ -35,12 +41,12 @@ WINDOW = 20
 MIN_HISTORY = 5
 THRESHOLD = 6.0
 FLOOR = 1.0
-FIGURES = ("grad_norm", "update_to_data")
+FIGURES = ("grad_norm", "update_rms_per_lr")
 
 
 class Spikes(Family):
-    """``health/spikes``: the number of parameters whose grad norm or update-to-data ratio spiked at
-    this logging step; a warning names the first parameters to spike and the step.
+    """``health/spikes``: the number of parameters whose grad norm or update RMS per lr spiked at
+    this logging step; a warning names the first parameters to spike, the figures and the step.
 
     The last :data:`WINDOW` values of every series live in one float64 table (parameters x
     :data:`FIGURES` x window, NaN where empty), so that a logging step's medians and MADs are a few
@@ -98,15 +104,17 @@ class Spikes(Family):
 
 
 def _values(table: Any, lrs: list[float | None]) -> Tensor:
-    """Per parameter, the figures spikes are judged on, float64 of shape ``(N, len(FIGURES))``: log10
-    of the grad norm, and the update-to-data ratio less log10 of its group's lr where that is a known
-    positive float (``lrs``, one per parameter); NaN where there is none (no grad, a zero norm, an
-    undefined ratio). From the step's :class:`~monitored_optim.stats.MomentTable`."""
-    grad_norm = table.norm[:, 1]
-    log_norm = torch.where(grad_norm > 0, grad_norm.log10(), math.nan)
+    """Per parameter, the magnitudes spikes are judged on (:data:`FIGURES`), float64 of shape
+    ``(N, 2)``: log10 of the grad norm, and log10 of the update's RMS ``||u|| / sqrt(n)`` less log10
+    of its group's lr where that is a known positive float (``lrs``, one per parameter); NaN where a
+    norm is zero (no grad, no update). From the step's :class:`~monitored_optim.stats.MomentTable`
+    (kinds p, grad, u)."""
+    sizes = torch.stack([table.norm[:, 1], table.norm[:, 2] / table.n[:, 0].clamp(min=1).sqrt()], 1)
     logs = {lr: math.log10(lr) if lr is not None and lr > 0 else 0.0 for lr in set(lrs)}  # one per group
     per_lr = torch.tensor([logs[lr] for lr in lrs], dtype=torch.float64).reshape(-1)
-    return torch.stack([log_norm, table.log10_ratio(2, 0) - per_lr], 1)
+    values = torch.where(sizes > 0, sizes.log10(), math.nan)
+    values[:, 1] -= per_lr
+    return values
 
 
 def _median(values: Tensor, count: Tensor) -> Tensor:
