@@ -70,3 +70,9 @@ def read_metric_definitions(run_dir: Path) -> dict[str, str]:
     """``{name or glob: step metric}`` of every ``define_metric`` in the run."""
     return {(record.metric.name or record.metric.glob_name): record.metric.step_metric
             for record in _records(run_dir, "metric")}
+
+
+def read_exit_code(run_dir: Path) -> int | None:
+    """The exit code W&B recorded when the run finished, or ``None`` if it was never finished."""
+    codes = [record.exit.exit_code for record in _records(run_dir, "exit")]
+    return codes[-1] if codes else None

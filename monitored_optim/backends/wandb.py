@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 from pathlib import Path
 
@@ -25,12 +26,19 @@ class WandbBackend:
     ``wandb.init()`` starts a run configured by W&B's own ``WANDB_*`` variables (``WANDB_PROJECT``,
     ``WANDB_MODE=offline``, ...) and ``close`` finishes it and, when no other run is active, shuts
     W&B's service down (``wandb.teardown()``), which returns only when the run's files are complete.
-    Its files go to ``WANDB_DIR/wandb/`` when that is set, else to ``<logdir>/wandb/``.
+    At interpreter exit without ``close`` (the script's end, an exception, Ctrl-C, ``SystemExit``)
+    the run is left to W&B's own exit hook, which finishes it with the process's exit status (255
+    after Ctrl-C) and writes every row. Its files go to ``WANDB_DIR/wandb/`` when that is set, else
+    to ``<logdir>/wandb/``.
     """
 
     def __init__(self, logdir: Path) -> None:
         self._owned = wandb.run is None
-        self._run = wandb.init(dir=None if os.environ.get("WANDB_DIR") else str(logdir)) if self._owned else wandb.run
+        if self._owned:
+            self._run = wandb.init(dir=None if os.environ.get("WANDB_DIR") else str(logdir))
+            atexit.register(self._leave_to_wandb)  # after W&B's own exit hook, so it runs before it
+        else:
+            self._run = wandb.run
         self._run.define_metric(STEP_METRIC)
         self._families: set[str] = set()
 
@@ -44,6 +52,14 @@ class WandbBackend:
     def close(self) -> None:
         run, self._run = self._run, None
         if self._owned and run is not None:
+            atexit.unregister(self._leave_to_wandb)
             run.finish()
             if wandb.run is None:
                 wandb.teardown()
+
+    def _leave_to_wandb(self) -> None:
+        """Hand the run to W&B at interpreter exit: a later ``close`` leaves it open, as a user's run.
+
+        W&B's exit hook shuts its service down and finishes the run with the process's exit status;
+        a ``run.finish()`` after it would fail on the closed connection."""
+        self._owned = False
