@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .tags import DEFAULT_FAMILIES, FAMILIES
 BACKENDS = ("tensorboard", "wandb", "jsonl")
 """Backend names accepted in ``MonitorConfig.backend`` and ``MONITORED_OPTIM_BACKEND`` (plus ``none``)."""
 
@@ -33,32 +34,9 @@ ENV_FIGURES = "MONITORED_OPTIM_FIGURES"
 ENV_TAG_BUDGET = "MONITORED_OPTIM_TAG_BUDGET"
 ENV_COMPILE = "MONITORED_OPTIM_COMPILE"
 DEFAULT_TAG_BUDGET = 2000
-FAMILIES = ("update_to_data", "grad_to_data", "norms", "lr", "health", "update_lost", "spikes", "state", "spectral")
-"""Figure families ``MonitorConfig.figures`` chooses from: ``norms`` are ``update_norm``,
-``grad_norm``, ``param_norm`` and ``global/*``; ``spikes`` is ``health/spikes``; ``state`` is
-``health/zero_grad``, ``normalized_update_rms``, ``eps_dominated`` and ``state_norm``; ``spectral``
-is ``update_spectral`` and ``update_stable_rank``; the others are their tag prefixes."""
-
-DEFAULT_FIGURES = FAMILIES[:7]
-"""The families sent by default: all but ``state`` and ``spectral``, which cost passes over the
-optimizer state or matrix products on every logging step (``figures="all"`` adds them)."""
-
-_FAMILY_OF = {"update_norm": "norms", "grad_norm": "norms", "param_norm": "norms", "global": "norms",
-              "health/spikes": "spikes", "health/zero_grad": "state", "normalized_update_rms": "state",
-              "eps_dominated": "state", "state_norm": "state", "update_spectral": "spectral",
-              "update_stable_rank": "spectral"}
-
-
 def every_parameter(name: str, p: torch.Tensor) -> bool:
     """The parameter selection of no ``params`` and no ``exclude``: every parameter (True)."""
     return True
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def family(tag: str) -> str:
-    """The figure family of a tag without prefix (``update_norm/fc1.weight`` -> ``norms``)."""
-    head = tag.split("/", 1)[0]
-    return _FAMILY_OF.get(tag, _FAMILY_OF.get(head, head))
 
 
 DEFAULT_BACKEND = "tensorboard"
@@ -164,7 +142,7 @@ class Settings:
     count: str = "updates"
     sinks: tuple[Any, ...] = ()
     select: Callable[[str, torch.Tensor], bool] = every_parameter
-    figures: frozenset[str] = frozenset(DEFAULT_FIGURES)
+    figures: frozenset[str] = frozenset(DEFAULT_FAMILIES)
     tag_budget: int = DEFAULT_TAG_BUDGET
     compile: str = "auto"
 
@@ -215,7 +193,7 @@ def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = No
         verify=False if verify is None else _parse_flag(verify, verify_src),
         count="updates" if count is None else _parse_count(count, count_src),
         select=_parse_selection(params, params_src, config.exclude),
-        figures=frozenset(DEFAULT_FIGURES) if figures is None else _parse_figures(figures, figures_src),
+        figures=frozenset(DEFAULT_FAMILIES) if figures is None else _parse_figures(figures, figures_src),
         tag_budget=DEFAULT_TAG_BUDGET if budget is None else _parse_budget(budget, budget_src),
         compile="auto" if compiled is None else _parse_compile(compiled, compile_src),
     )

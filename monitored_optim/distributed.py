@@ -9,8 +9,8 @@ sums in float64
 
     (w·n, w·Σx, w·Σx²),   Σx = n·mean,   Σx² = m2 + n·mean²,
 
-stacks them into one table (per parameter: p, grad, update, the bf16 lost-update count, the verify
-norms; see :data:`_PIECES`) and calls **one** ``all_reduce(SUM)`` over the default process group,
+stacks them into one table (per parameter: a row for each piece the step may hold, by its declared
+reduction, :mod:`monitored_optim.pieces`) and calls **one** ``all_reduce(SUM)`` over the default process group,
 then copies the table to the host once. For the whole parameter of N elements,
 ``mean = Σx / N`` and ``m2 = Σx² - Σx·mean`` (Chan, Golub & LeVeque 1979, in power-sum form).
 Precision: the float64 cancellation costs ``~1e-16·(mean/std)²`` of m2 (1e-8 for a LayerNorm weight
@@ -74,6 +74,7 @@ from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import stats
+from .pieces import MOMENTS, NORM, SUM, WHOLE
 from .updates import Cloned, elementwise
 
 _COLUMNS = 4
@@ -134,6 +135,7 @@ class Sharding:
         self._grad_seen: dict[int, Tensor | None] = {}
         self._regrad: set[int] = set()
         self.weights: list[float] = []
+        self.left_out: set[str] = set()
         groups = []
         for group in source.param_groups:
             pieces = []
@@ -225,9 +227,13 @@ class Sharding:
             out[key] = value
         return out
 
-    def reduce(self, entries: list[Any]) -> tuple[list[float], Tensor, Tensor, list[dict[str, list[float]]]]:
+    def reduce(self, entries: list[Any], keys: dict[str, str]
+               ) -> tuple[list[float], Tensor, Tensor, list[dict[str, list[float]]]]:
         """Global host values of every entry's device pieces: ONE ``all_reduce`` (SUM) of one float64
         table, then one device-to-host copy.
+
+        A piece whose key is not in ``keys``, and a WHOLE piece of a parameter this rank holds only a
+        shard of, is left out and its key added to :attr:`left_out`.
 
         Args:
             entries: the monitor's entries, in :attr:`local` order; each has ``.name``, ``.p`` (a local
@@ -237,6 +243,8 @@ class Sharding:
                 ``(1,)``), ``"exact"`` (a sum, :func:`~monitored_optim.capture.at_powers_of_two`, shape
                 ``(1,)``), ``"verify"`` (two L2 norms, shape ``(2,)``). A piece may be missing on a
                 rank (no grad there, an unchanged local shard, an empty shard).
+            keys: every key a piece may have -> its reduction (:mod:`monitored_optim.pieces`), the same
+                on every rank: the table's rows per parameter, in order.
 
         Returns:
             ``(counts, pairs, present, pieces)``, as the single-process path builds them from
@@ -255,10 +263,10 @@ class Sharding:
         fingerprint = float(zlib.crc32("\n".join([str(slots), *names]).encode()) & 0xFFFF)
         local_error: Exception | None = None
         try:
-            table = self._table(entries, fingerprint)
+            table = self._table(entries, fingerprint, keys)
         except Exception as err:  # join the collective anyway: a rank that skips it hangs the job
             local_error = err
-            table = _empty_table(slots, fingerprint, _default_device())
+            table = _empty_table(slots * len(keys), fingerprint, _default_device())
             table[0, 3] = 1.0
         dist.all_reduce(table, op=dist.ReduceOp.SUM)
         host = table.tolist() if table.device.type == "cpu" else table.cpu().tolist()
@@ -275,7 +283,7 @@ class Sharding:
                 "fully sharded parallelism); pipeline stages that own different parameters are not supported.")
         counts, pairs, present, pieces = [], [], [], []
         for e in entries:
-            n, got = _hosted(host, self._slot[id(e.p)])
+            n, got = _hosted(host, self._slot[id(e.p)], keys)
             counts.append(n)
             pairs += [got.get(kind, [0.0, 0.0]) for kind in stats.KINDS]
             present += [kind in got for kind in stats.KINDS]
@@ -284,14 +292,15 @@ class Sharding:
         return (counts, torch.tensor(pairs, dtype=torch.float64).reshape(*shape, 2),
                 torch.tensor(present, dtype=torch.bool).reshape(shape), pieces)
 
-    def _table(self, entries: list[Any], fingerprint: float) -> Tensor:
-        """The local table, shape ``(1 + P·slots, 4)`` float64 (P = ``len(_PIECES)``). Row 0:
-        ``(1, f, f², failed)``. Per parameter slot s, rows ``1 + Ps + k`` for the pieces of
-        :data:`_PIECES` in order, columns: moments ``(w·n, w·Σx, w·Σx², present)``, count or sum
-        ``(w·c, 0, 0, present)``, norms ``(w·a², w·b², 0, present)``; ``present`` is 1 where the rank
+    def _table(self, entries: list[Any], fingerprint: float, keys: dict[str, str]) -> Tensor:
+        """The local table, shape ``(1 + K·slots, 4)`` float64 (K = ``len(keys)``). Row 0:
+        ``(1, f, f², failed)``. Per parameter slot s, rows ``1 + Ks + k`` for the keys in order,
+        columns by reduction: MOMENTS ``(w·n, w·Σx, w·Σx², present)``, SUM and WHOLE
+        ``(w·c, 0, 0, present)``, NORM ``(w·a², w·b², 0, present)``; ``present`` is 1 where the rank
         had the piece (unweighted).
         Built with one stack of the pieces, one small host-to-device copy and one scatter."""
-        values, meta = [], []  # meta per piece: (table row, w·n, w, n > 0, kind code)
+        order = {key: i for i, key in enumerate(keys)}
+        values, meta = [], []  # meta per piece: (table row, w·n, w, n > 0, reduction code)
         for e in entries:
             slot = self._slot.get(id(e.p))
             if slot is None:
@@ -302,13 +311,14 @@ class Sharding:
                     e.pieces["grad"] = stats.moments(e.p.grad)
             w, n = self.weights[slot], float(stats.count(e.p))
             for key, value in e.pieces.items():
-                if key not in _PIECES:
-                    raise KeyError(f"monitored_optim.distributed does not know how to combine the piece "
-                                   f"{key!r} across ranks; add it to distributed._PIECES")
+                how = keys.get(key)
+                if how is None or (how == WHOLE and id(e.p) in self._split):
+                    self.left_out.add(key)
+                    continue
                 values.append(value.reshape(-1))
-                meta.append((1 + len(_PIECES) * slot + _ORDER[key], w * n, w, float(n > 0), _KIND[_PIECES[key]]))
+                meta.append((1 + len(keys) * slot + order[key], w * n, w, float(n > 0), _CODE[how]))
         device = values[0].device if values else _default_device()
-        table = _empty_table(len(self.weights), fingerprint, device)
+        table = _empty_table(len(self.weights) * len(keys), fingerprint, device)
         if not values:
             return table
         x = torch.stack([torch.nn.functional.pad(v.to(device=device, dtype=torch.float64), (0, 2 - v.numel()))
@@ -321,41 +331,38 @@ class Sharding:
         count = torch.stack([w * a, zero, zero], 1)
         norms = torch.stack([w * a.square(), w * b.square(), zero], 1)
         k = kind.unsqueeze(1)
-        sums = torch.where(k == _KIND["moments"], moments, torch.where(k == _KIND["count"], count, norms))
+        sums = torch.where(k == _CODE[MOMENTS], moments, torch.where(k == _CODE[NORM], norms, count))
         table.index_copy_(0, row.long(), torch.cat([sums, torch.ones_like(wn).unsqueeze(1)], 1))
         return table
 
 
-_PIECES = {"p": "moments", "grad": "moments", "u": "moments", "lost": "count", "exact": "count", "verify": "norms"}
-"""How each of the monitor's per-parameter device pieces combines across ranks."""
-
-_ORDER = {key: i for i, key in enumerate(_PIECES)}
-_KIND = {"moments": 0.0, "count": 1.0, "norms": 2.0}
+_CODE = {MOMENTS: 0.0, SUM: 1.0, WHOLE: 1.0, NORM: 2.0}
+"""Each reduction's code in the table build (SUM and WHOLE sum alike)."""
 
 
-def _empty_table(slots: int, fingerprint: float, device: torch.device) -> Tensor:
-    table = torch.zeros(1 + len(_PIECES) * slots, _COLUMNS, dtype=torch.float64, device=device)
+def _empty_table(rows: int, fingerprint: float, device: torch.device) -> Tensor:
+    """A table of ``rows`` piece rows after the header row ``(1, f, f², 0)``."""
+    table = torch.zeros(1 + rows, _COLUMNS, dtype=torch.float64, device=device)
     table[0, :3] = torch.tensor([1.0, fingerprint, fingerprint * fingerprint], dtype=torch.float64)
     return table
 
 
-def _hosted(host: list[list[float]], slot: int) -> tuple[float, dict[str, list[float]]]:
+def _hosted(host: list[list[float]], slot: int, keys: dict[str, str]) -> tuple[float, dict[str, list[float]]]:
     """``(n, got)`` of one slot from the reduced host table (see :meth:`Sharding.reduce`): its
-    element count and its value of every piece that some rank had."""
-    rows = host[1 + len(_PIECES) * slot: 1 + len(_PIECES) * (slot + 1)]
-    n = float(round(rows[_ORDER["p"]][0]))
+    element count and its value of every piece that some rank had (a NORM piece: its two norms)."""
+    rows = host[1 + len(keys) * slot: 1 + len(keys) * (slot + 1)]
+    n = float(round(rows[0][0]))  # the first key is "p", whose w·n sum over ranks is N
     got: dict[str, list[float]] = {}
-    for key, kind in _PIECES.items():
-        a, b, c, present = rows[_ORDER[key]]
+    for (key, how), (a, b, c, present) in zip(keys.items(), rows):
         if not present:
             continue
-        if kind == "moments":
+        if how == MOMENTS:
             mean = b / n if n > 0 else 0.0
             got[key] = [mean, max(c - b * mean, 0.0)] if n > 0 else [0.0, 0.0]
-        elif kind == "count":
-            got[key] = [a]
-        else:
+        elif how == NORM:
             got[key] = [math.sqrt(max(a, 0.0)), math.sqrt(max(b, 0.0))]
+        else:
+            got[key] = [a]
     return n, got
 
 

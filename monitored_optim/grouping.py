@@ -2,11 +2,13 @@
 
 Parameters whose names differ only in their first numeric component, the layer index
 (``transformer.h.0.attn.c_attn.weight`` ... ``transformer.h.11.attn.c_attn.weight``), form one group
-keyed ``transformer.h.*.attn.c_attn.weight``. For each per-parameter figure ``{family}/{name}`` of
-such a group, :func:`summarize` gives, at one logging step,
+keyed ``transformer.h.*.attn.c_attn.weight``. For each per-parameter figure ``{series}/{name}`` of
+such a group (``{series}``: the tag less the parameter name, ``update_to_data`` or
+``state_norm/exp_avg``, :func:`monitored_optim.tags.per_parameter`), :func:`summarize` gives, at one
+logging step,
 
-    {family}/{key}/min, /median, /max      the figure's minimum, median and maximum over depth
-    {family}/{key}/argmin, /argmax         the layer index where the minimum and maximum are
+    {series}/{key}/min, /median, /max      the figure's minimum, median and maximum over depth
+    {series}/{key}/argmin, /argmax         the layer index where the minimum and maximum are
 
 (the median of an even count is the mean of the middle two, as ``statistics.median``). Parameters
 in no group of two or more, and the figures that are not per parameter (``global/*``, ``lr/*``,
@@ -19,10 +21,10 @@ import functools
 import re
 import statistics
 
-PER_PARAMETER = ("update_to_data", "grad_to_data", "update_norm", "grad_norm", "param_norm", "update_lost")
-"""Tag families that hold one figure per parameter."""
+from .tags import per_parameter
+
 STATS = ("min", "median", "max", "argmin", "argmax")
-"""The suffixes of a group's summary tags, ``{family}/{key}/{stat}`` (the module docstring)."""
+"""The suffixes of a group's summary tags, ``{series}/{key}/{stat}`` (the module docstring)."""
 
 _INDEX = re.compile(r"(^|\.)(\d+)(\.|$)")
 
@@ -67,12 +69,11 @@ def _plan(tags: tuple[str, ...], prefix: str) -> tuple[list[str], list[tuple[str
     layer indices, member tags)``; cached, since a run logs the same tags at every logging step."""
     groups: dict[tuple[str, str], list[tuple[int, str]]] = {}
     for tag in tags:
-        family, _, name = tag[len(prefix):].partition("/")
-        if family in PER_PARAMETER and tag.startswith(prefix):
-            key = depth_key(name)
-            if key is not None:
-                groups.setdefault((family, key[0]), []).append((key[1], tag))
+        parsed = per_parameter(tag[len(prefix):]) if tag.startswith(prefix) else None
+        key = depth_key(parsed[1]) if parsed is not None else None
+        if key is not None:
+            groups.setdefault((parsed[0], key[0]), []).append((key[1], tag))
     grouped = {tag for members in groups.values() if len(members) > 1 for _, tag in members}
     return ([tag for tag in tags if tag not in grouped],
-            [(f"{prefix}{family}/{key}", [i for i, _ in members], [tag for _, tag in members])
-             for (family, key), members in groups.items() if len(members) > 1])
+            [(f"{prefix}{series}/{key}", [i for i, _ in members], [tag for _, tag in members])
+             for (series, key), members in groups.items() if len(members) > 1])

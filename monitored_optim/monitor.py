@@ -23,12 +23,13 @@ import torch
 from torch import Tensor
 from torch._utils import _flatten_dense_tensors
 
-from . import amp, capture, distributed, families, fused, grouping, stats
+from . import amp, capture, distributed, families, fused, grouping, pieces, stats
 from .layout import Entries, Entry, Flat, Layout, Roster, composition, fingerprint, names as _names
 from ._warnings import warn
 from .backends import Fanout
-from .config import DEFAULT_FIGURES, MonitorConfig, Settings, every_parameter, family, resolve
+from .config import MonitorConfig, Settings, every_parameter, resolve
 from .health import Checks, Health
+from .tags import DEFAULT_FAMILIES, family
 from .updates import CLONE, Cloned, Rows, View, elementwise, raw_step, rebuild, view_for
 from .families.base import Family
 
@@ -93,7 +94,9 @@ class Monitor:
         self._tag_names: tuple[str, ...] = ()  # the names of _tag_list: every _tags of each, in order
         self._tag_list: list[str] = []
         self._families = families.build(self.settings.figures)
-        self._device_families = self._families
+        self._reductions = pieces.declared(self._families)  # head of each piece key -> its reduction
+        self._piece_keys = {**pieces.CORE, **{key: how for fam in self._families for key, how in fam.pieces.items()}}
+        self._told_left_out: set[str] = set()
         self.base_calls = 0
         self.latest: dict[str, float] = {}
         self.health = Health()
@@ -404,7 +407,7 @@ class Monitor:
             e.extremes = capture.bounds(part.p)
             exact = capture.at_powers_of_two_bound(part.p, e.extremes, work)
             if exact is not None:
-                _accumulate(e.owner, "exact", exact)
+                self._add_piece(e.owner, "exact", exact)
         if verify and e.before is None:
             e.clone = part.p.detach().clone()
         return e
@@ -418,19 +421,18 @@ class Monitor:
     def _figures(self, optimizer: torch.optim.Optimizer, entries: Entries, batch: stats.Batch,
                  sharding: distributed.Sharding | None = None) -> dict[str, float]:
         state = (optimizer if sharding is None else sharding.local).state
-        self._device_families = self._families if sharding is None else []  # no pieces to all_reduce
         for chunk in _chunks([e for e in entries.unflat if not e.fused], self._budget):
             self._measure_updates(chunk, [e.part.refresh(state.get(e.part.whole, {})) for e in chunk], batch)
         self._fuse([e for e in entries.unflat if e.fused], entries.befores, state, batch)
         rows = batch.finish()
         roster = self._roster_of(entries)
         leads, names = entries.leads, roster.names
-        for fam in self._device_families:
+        for fam in self._families:
             done = fam.done()
             by_name = {e.name: e for e in leads} if done else {}
-            for name, pieces in done.items():
-                for key, value in pieces.items():
-                    _accumulate(by_name[name], key, value)
+            for name, made in done.items():
+                for key, value in made.items():
+                    self._add_piece(by_name[name], key, value)
         self._describe(leads, names)
         tensor_lrs = _tensor_lrs(optimizer)
         if sharding is None:  # one host copy per device of the moments, every other piece and Tensor lrs
@@ -443,7 +445,8 @@ class Monitor:
         else:  # whole-parameter values and counts: one all_reduce, one host copy (and one for Tensor lrs)
             for e in leads:
                 e.pieces.update({kind: rows[slot] for kind, slot in e.slots.items() if rows[slot] is not None})
-            counts, pairs, present, own = sharding.reduce(leads)
+            counts, pairs, present, own = sharding.reduce(leads, self._piece_keys)
+            self._tell_left_out(sharding.left_out)
             read = stats.Moments({}, {}, 0, torch.zeros(0)).host(torch.zeros(0, dtype=torch.long),
                                                                list(tensor_lrs.values()))[2]
         hosted = stats.Hosted(_moment_table(leads, roster.captured, counts, pairs, present), own)
@@ -455,7 +458,8 @@ class Monitor:
                   for e, got in zip(leads, own) if "verify" in got] if self.settings.verify else []
         lrs = _group_lrs(optimizer, dict(zip(tensor_lrs, read)))
         rest.update(_learning_rates(optimizer, lrs))
-        group_lr = {id(group): lr for group, lr in zip(optimizer.param_groups, lrs)}
+        read_groups = (optimizer if sharding is None else sharding.local).param_groups  # the entries' groups
+        group_lr = {id(group): lr for group, lr in zip(read_groups, lrs)}
         if "health" in self.settings.figures:  # its counts and warnings need the grads it reduces
             rest.update(self.health.figures(_health_checks(names, table), self.step))
         if self._families:
@@ -464,7 +468,7 @@ class Monitor:
                 rest.update(fam.figures(step))
         figures.update((tag, value) for tag, value in rest.items() if math.isfinite(value))
         chosen = self.settings.figures
-        if not chosen.issuperset(DEFAULT_FIGURES):  # the others (state, spectral) only compute when chosen
+        if not chosen.issuperset(DEFAULT_FAMILIES):  # the others (state, spectral) only compute when chosen
             figures = {tag: value for tag, value in figures.items() if family(tag) in chosen}
         if errors and math.isfinite(max(errors)):
             figures["verify/max_rel_error"] = max(errors)
@@ -639,23 +643,40 @@ class Monitor:
         if u is None:  # the view says nothing moved; verify mode checks that against its clone
             if clone is not None:
                 truth = Cloned(clone).update(p)
-                _accumulate(e.owner, "verify", capture.verify_miss(torch.zeros_like(truth), truth, None, p), norms=True)
+                self._add_piece(e.owner, "verify", capture.verify_miss(torch.zeros_like(truth), truth, None, p))
             return None
         if p.dtype in capture.LOW_PRECISION:
-            _accumulate(e.owner, "lost", capture.lost(u, meant, cut(e.p.grad)))
+            self._add_piece(e.owner, "lost", capture.lost(u, meant, cut(e.p.grad)))
         elif before is not None and e.whole.dim() >= 2 and p.dtype in capture.HALF_ULP:  # may it go back to the
-            _accumulate(e.owner, "exact", capture.at_powers_of_two(before, p))  # inversion? (inverted parts:
+            self._add_piece(e.owner, "exact", capture.at_powers_of_two(before, p))  # inversion? (inverted parts:
             # at_powers_of_two_bound, before the step, in _entry)
         truth = u if before is not None else (None if clone is None else Cloned(clone).update(p))
         if truth is not None and self.settings.verify:  # shared storage changes by every sharer's update:
             checked = None if id(e.whole) in self._layout.shared else meant  # not one view's to check
-            _accumulate(e.owner, "verify", capture.verify_miss(u, truth, checked, p), norms=True)
+            self._add_piece(e.owner, "verify", capture.verify_miss(u, truth, checked, p))
         where = span if span is not None else e.part.flat_span()
-        for fam in self._device_families:
+        for fam in self._families:
             for key, value in fam.part(e.name, e.part.whole, u, where, {} if span is not None else state or {},
                                        e.group).items():
-                _accumulate(e.owner, key, value)
+                self._add_piece(e.owner, key, value)
         return u
+
+    def _add_piece(self, e: Entry, key: str, value: Tensor) -> None:
+        """Add a part's device piece into its parameter's entry, by the key's declared reduction."""
+        pieces.accumulate(e.pieces, key, value, self._reductions)
+
+    def _tell_left_out(self, keys: set[str]) -> None:
+        """Warn once per key head that the sharded reduction left its figures out, and why."""
+        for head in sorted({pieces.head(key) for key in keys} - self._told_left_out):
+            self._told_left_out.add(head)
+            if self._reductions.get(head) == pieces.WHOLE:
+                warn(f"monitored_optim: the {head} figures of matrices sharded across ranks are left out: they "
+                     "describe a whole matrix and each rank holds a shard (gathering the matrix would take a "
+                     "collective per matrix); matrices that every rank holds whole keep them", RuntimeWarning)
+            else:
+                shown = ", ".join(sorted(key.replace(":", "/", 1) for key in keys if pieces.head(key) == head))
+                warn(f"monitored_optim: {shown} left out under torch.distributed: only the state tensors of "
+                     "torch's own optimizers have a place in the one collective", RuntimeWarning)
 
     def _describe(self, entries: list[Entry], names: list[str]) -> None:
         """Write ``params.json`` for the report when the monitored parameters (``names``, one per entry)
@@ -748,16 +769,6 @@ def _device_chunks(entries: list[Entry]) -> Iterator[list[Entry]]:
     for members in by_device.values():
         for i in range(0, len(members), fused.CHUNK):
             yield members[i:i + fused.CHUNK]
-
-
-def _accumulate(e: Entry, key: str, value: Tensor, norms: bool = False) -> None:
-    """Add a part's piece into its parameter's: ``lost`` counts and the families' pieces
-    (:func:`~monitored_optim.families.combine`), or, ``norms``, ``verify``'s norms."""
-    held = e.pieces.get(key)
-    if held is None:
-        e.pieces[key] = value
-    else:
-        e.pieces[key] = torch.hypot(held, value) if norms else families.combine(key, held, value)
 
 
 def _chunks(entries: list[Entry], budget: int) -> Iterator[list[Entry]]:

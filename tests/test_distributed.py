@@ -77,11 +77,12 @@ def loss_of(net: nn.Module, step: int, part: int = 0, parts: int = 1) -> torch.T
     return (net(x) - y).pow(2).mean()
 
 
-def reference(logdir) -> dict[int, dict[str, float]]:
-    """The figures of a single-process run on the full batches, by logging step."""
+def reference(logdir, **settings) -> dict[int, dict[str, float]]:
+    """The figures of a single-process run on the full batches, by logging step (``settings``: more
+    MonitorConfig fields)."""
     net = model()
-    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT,
-                                       monitor=MonitorConfig(backend="none", every=EVERY, logdir=logdir))
+    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT, monitor=MonitorConfig(
+        backend="none", every=EVERY, logdir=logdir, **settings))
     out = {}
     for step in range(1, STEPS + 1):
         opt.zero_grad()
@@ -478,3 +479,72 @@ def test_digits_fsdp_example_runs_under_torchrun(tmp_path):
     assert out.stdout.count("test accuracy") == 1 and "fc2.weight" in out.stdout
     line = next(line for line in out.stdout.splitlines() if line.startswith("head.bias "))
     assert float(line.split()[1]) == round(rows[-1]["update_to_data/head.bias"], 2)
+
+
+# ----- figure families under sharding ------------------------------------------------------------
+
+FAMILIES_RTOL = 1e-4
+
+
+def all_figures(outdir: str) -> MonitorConfig:
+    return MonitorConfig(backend="none", every=EVERY, logdir=os.path.join(outdir, "logs"), figures="all")
+
+
+def _with_warnings(build):
+    def run(rank, world, outdir):
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            net, opt = build(outdir)
+            result = train(opt, net, rank, world)
+        return {**result, "warnings": [str(w.message) for w in caught if "monitored_optim" in str(w.message)]}
+    return run
+
+
+def _ddp_all(outdir):
+    net = DDP(model())
+    return net, Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT, monitor=all_figures(outdir))
+
+
+def _fsdp2_all(outdir):
+    net = model()
+    for name in ("fc1", "fc2", "norm", "head"):
+        fully_shard(getattr(net, name))
+    fully_shard(net)
+    return net, Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT, monitor=all_figures(outdir))
+
+
+_ddp_all_run, _fsdp2_all_run = _with_warnings(_ddp_all), _with_warnings(_fsdp2_all)
+
+
+def assert_families_match(got: dict[str, float], want: dict[str, float]) -> None:
+    got = {canonical(k): v for k, v in got.items()}
+    assert set(got) == set(want), sorted(set(got) ^ set(want))
+    for tag, value in want.items():
+        tol = RATIO_TOL if "_to_data/" in tag else FAMILIES_RTOL * abs(value) + 1e-12
+        assert abs(got[tag] - value) <= tol, (tag, got[tag], value)
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
+def test_every_family_equals_one_process_on_the_global_batch(engine, tmp_path):
+    """``figures="all"``: the state family (state norms, eps-dominated shares, normalized update
+    RMS) and the spectral family go through the one collective and equal a single-process run of
+    the same global batch. Under FSDP2 every matrix is sharded, so the spectral figures are left out
+    with one warning that says why; under DDP each rank holds the whole matrix and they are kept."""
+    want = reference(tmp_path / "reference", figures="all")
+    assert any(t.startswith("update_spectral/") for t in want[STEPS])
+    assert any(t.startswith("state_norm/exp_avg_sq/") for t in want[STEPS])
+    assert any(t.startswith("eps_dominated/") for t in want[STEPS])
+    results = launch(_ddp_all_run if engine == "ddp" else _fsdp2_all_run, 2, tmp_path)
+    if engine == "fsdp2":
+        want = {step: {t: v for t, v in figures.items() if not t.startswith(("update_spectral/", "update_stable_rank/"))}
+                for step, figures in want.items()}
+    for res in results:
+        assert res["latest"] == results[0]["latest"]
+        for step, figures in res["latest"].items():
+            assert_families_match(figures, want[step])
+        for step, ops in enumerate(res["counts"], start=1):
+            assert len(ops) == (step % EVERY == 0), (step, ops)  # one collective per logging step
+        spectral = [w for w in res["warnings"] if "spectral figures" in w]
+        assert res["warnings"] == spectral and len(spectral) == (engine == "fsdp2"), res["warnings"]

@@ -152,3 +152,30 @@ def test_under_the_budget_every_tag_is_sent(tmp_path):
     step_once(model, opt)
     opt.monitor.close()
     assert set(read_tensorboard(tmp_path)[1]) == set(opt.monitor.latest)
+
+
+def test_over_the_budget_every_family_is_grouped_by_depth(tmp_path):
+    """``figures="all"`` over the budget: the state and spectral families' per-parameter tags are
+    summarised over depth like the core ones (none passes through ungrouped), and their medians
+    equal those computed here from metrics.jsonl's rows."""
+    model = stack(100)
+    opt = Monitored(torch.optim.Adam)(model.named_parameters(), lr=1e-3, monitor=MonitorConfig(
+        backend="tensorboard,jsonl", logdir=tmp_path, figures="all", tag_budget=300))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        random_step(model, opt, gen)
+    opt.monitor.close()
+    full = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    series = {"state_norm/exp_avg", "state_norm/exp_avg_sq", "eps_dominated", "normalized_update_rms",
+              "update_spectral", "update_stable_rank", "update_to_data"}
+    assert series <= {tag.rsplit("/", 1)[0] for tag in full if tag.endswith("/0.weight")}
+    tb = read_tensorboard(tmp_path)[2]
+    assert len(tb) <= 300
+    ungrouped = [tag for tag in tb if "/" in tag and tag.split("/", 1)[0] not in ("global", "lr", "health")
+                 and "*" not in tag]
+    assert not ungrouped
+    for name in series:
+        weights = [v for k, v in full.items() if k.startswith(f"{name}/") and k.endswith(".weight")
+                   and k.count("/") == name.count("/") + 1]
+        assert len(weights) == 100
+        assert tb[f"{name}/*.weight/median"] == pytest.approx(statistics.median(weights), rel=1e-6)

@@ -6,8 +6,9 @@ Each family is a small object registered in :data:`REGISTRY` under its name in
 * ``part(name, whole, u, span, state, group)``, on the device, for each part of a parameter right
   after its stored change ``u`` is formed (``span``: the flat slice of ``whole`` that ``u`` and the
   ``state`` slices cover, or None for the whole parameter); returns device pieces, a dict of 1-D
-  float64 tensors, that go to the host in the logging step's one copy (combined over parts by
-  :func:`combine`);
+  float64 tensors, that go to the host in the logging step's one copy (or, under
+  ``torch.distributed``, its one collective), combined over parts and ranks as the family's
+  ``pieces`` declare (:mod:`monitored_optim.pieces`);
 * ``done()``, after the last part of the logging step: device pieces per parameter name that need
   all of a parameter's parts (the spectral family's power iteration over blocks of rows);
 * ``figures(step)``, on the host, with the :class:`Step` of the logging step; returns figures.
@@ -19,8 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-
-from torch import Tensor
 
 from ..stats import MomentTable
 from .base import Family
@@ -53,20 +52,9 @@ class Step:
 REGISTRY: dict[str, type] = {"spikes": Spikes, "state": OptimizerState, "spectral": Spectral}
 """Family name (as in ``MonitorConfig.figures``) -> its class, built once per monitor."""
 
-NORMS = {"state_norm"}
-"""Piece keys (before any ``:``) that combine over parts as L2 norms (the others are sums)."""
-
-
 def build(chosen: frozenset[str]) -> list[Family]:
     """One instance of each registered family that ``chosen`` turns on."""
     return [cls() for name, cls in REGISTRY.items() if name in chosen]
 
 
-def combine(key: str, held: Tensor, value: Tensor) -> Tensor:
-    """Combine a piece of two parts: sums, or L2 norms for the keys in :data:`NORMS`."""
-    if key.split(":", 1)[0] in NORMS:
-        return (held.square() + value.square()).sqrt()
-    return held + value
-
-
-__all__ = ["REGISTRY", "Family", "Step", "build", "combine"]
+__all__ = ["REGISTRY", "Family", "Step", "build"]

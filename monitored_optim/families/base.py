@@ -11,6 +11,10 @@ class Family:
     """A figure family. ``part`` and ``done`` return no device pieces unless a family overrides them;
     every family defines ``figures``."""
 
+    pieces: dict[str, str] = {}
+    """Every key its device pieces may have -> its reduction (:mod:`monitored_optim.pieces`); a key
+    ``head:anything`` reduces as its head's."""
+
     def part(self, name: str, whole: Tensor, u: Tensor, span: slice | None, state: dict[str, Any],
              group: dict[str, Any]) -> dict[str, Tensor]:
         """Device pieces of one part of parameter ``name`` (1-D float64 tensors), from its stored

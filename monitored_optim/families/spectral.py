@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..pieces import WHOLE
 from .base import Family
 
 ITERATIONS = 4
@@ -37,6 +38,8 @@ sigma_max converges within a few logging steps even where the top singular value
 
 class Spectral(Family):
     """The ``spectral`` family (see the module docstring)."""
+
+    pieces = {"spectral": WHOLE}
 
     def __init__(self) -> None:
         self._x: dict[str, Tensor] = {}

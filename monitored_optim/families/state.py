@@ -24,11 +24,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..pieces import NORM, SUM
 from .base import Family
+
+STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum", "square_avg", "grad_avg",
+              "acc_delta", "exp_inf", "ax", "prev", "step_size", "variance")
+"""The per-parameter state tensors of torch's optimizers: the ``state_norm`` keys that have a row in
+the one collective under ``torch.distributed`` (in one process every state tensor is measured)."""
 
 
 class OptimizerState(Family):
     """The ``state`` family (see the module docstring)."""
+
+    pieces = {"eps_count": SUM, **{f"state_norm:{key}": NORM for key in STATE_KEYS}}
 
     def part(self, name: str, whole: Tensor, u: Tensor, span: slice | None, state: dict[str, Any],
              group: dict[str, Any]) -> dict[str, Tensor]:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..grouping import STATS
+from ..tags import is_series, split as split_tag
 from .errors import ReportError, require
 
 EXPECTED = "a run directory with metrics.jsonl or TensorBoard event files (events.out.tfevents.*)"
@@ -60,28 +61,6 @@ class Run:
     def values(self, tag: str) -> dict[int, float]:
         """The points of ``tag`` as ``{step: value}``; empty when the tag was never logged."""
         return dict(self.series.get(tag, ()))
-
-
-PER_PARAMETER = ("param_norm", "update_norm", "grad_norm", "update_to_data", "grad_to_data")
-"""Kinds of the per-parameter tags ``[{prefix}/]{kind}/{name}``."""
-RUN_WIDE = ("global", "lr", "health", "verify")
-"""Kinds of the run-wide tags ``[{prefix}/]{kind}/{what}``."""
-
-
-def split_tag(tag: str) -> tuple[str, str, str] | None:
-    """``(prefix, kind, rest)`` of a monitor tag, or ``None`` for a tag the monitor does not write.
-
-    ``prefix`` is ``""`` or ``"{MonitorConfig.prefix}/"`` (several optimizers sharing a logdir).
-    Examples: ``"update_to_data/fc1.weight"`` -> ``("", "update_to_data", "fc1.weight")``;
-    ``"gen/global/grad_norm"`` -> ``("gen/", "global", "grad_norm")``.
-    """
-    parts = tag.split("/", 2)
-    kinds = PER_PARAMETER + RUN_WIDE
-    if len(parts) >= 2 and parts[0] in kinds:
-        return "", parts[0], tag[len(parts[0]) + 1:]
-    if len(parts) == 3 and parts[1] in kinds:
-        return parts[0] + "/", parts[1], parts[2]
-    return None
 
 
 def load_run(run_dir: str | Path) -> Run:
@@ -240,7 +219,7 @@ def _depth_medians(series: dict[str, dict[int, float]]) -> dict[str, dict[int, f
     for tag, points in series.items():
         parsed = split_tag(tag)
         name, _, stat = parsed[2].rpartition("/") if parsed else ("", "", "")
-        if parsed and parsed[1] in PER_PARAMETER and "*" in name and stat in STATS:
+        if parsed and is_series(parsed[1]) and "*" in name and stat in STATS:
             if stat == "median":
                 out[tag[:-len("/median")]] = points
             continue

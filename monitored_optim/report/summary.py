@@ -9,7 +9,8 @@ import re
 import statistics
 from dataclasses import dataclass, field
 
-from .read import PER_PARAMETER, Run, split_tag
+from ..tags import is_series
+from .read import Run, split_tag
 
 HEALTHY_BAND = (-4.0, -2.0)
 """Update-to-data ratios (log10) inside this closed band count as healthy; -3 is the rule of thumb."""
@@ -108,7 +109,7 @@ def parameters(run: Run) -> list[Param]:
     found: dict[Param, None] = {}
     for tag in run.series:
         parsed = split_tag(tag)
-        if parsed and parsed[1] in PER_PARAMETER:
+        if parsed and is_series(parsed[1]):
             found[Param(parsed[0], parsed[2])] = None
     return list(found)
 

@@ -1,0 +1,60 @@
+"""Pieces: the per-parameter device values of a logging step, and how each one reduces.
+
+Besides a parameter's moments, a logging step keeps a few float64 device tensors per parameter,
+each under a key (``"lost"``, ``"verify"``, ``"state_norm:exp_avg"``, ...). A parameter may be
+measured in parts (slices of a large tensor) and, under ``torch.distributed``, in shards on several
+ranks; every key declares once, by its head (the key before any ``:``), how its values combine:
+
+========  =========================================  ==============================================
+reduce    value                                      over parts / over ranks (weights w, see
+                                                     :mod:`monitored_optim.distributed`)
+========  =========================================  ==============================================
+MOMENTS   ``(mean, m2)`` of p, grad or u             merged by :class:`~monitored_optim.stats.Batch`
+                                                     / as weighted power sums
+SUM       a count or a sum, shape ``(1,)``           added / weighted sum
+NORM      L2 norms, shape ``(k,)``                   ``hypot`` / ``sqrt`` of the weighted sum of
+                                                     squares
+WHOLE     a value of the whole tensor, ``(1,)``      comes from one part / weighted sum over the
+          (the spectral norm)                        replicas; undefined where ranks hold shards
+========  =========================================  ==============================================
+
+The monitor's own keys are :data:`CORE`; a figure family declares the keys it makes in its
+``pieces`` attribute (:class:`~monitored_optim.families.base.Family`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+from torch import Tensor
+
+MOMENTS, SUM, NORM, WHOLE = "moments", "sum", "norm", "whole"
+
+CORE = {"p": MOMENTS, "grad": MOMENTS, "u": MOMENTS, "lost": SUM, "exact": SUM, "verify": NORM}
+"""The monitor's own keys: the moments, the bf16/fp16 lost-update count, the sum of p² over
+elements at a power of two (the rounding-risk rule's evidence), verify mode's pair of norms."""
+
+
+def head(key: str) -> str:
+    """The part of a key before any ``:`` (``state_norm:exp_avg`` -> ``state_norm``)."""
+    return key.split(":", 1)[0]
+
+
+def declared(families: Iterable[object]) -> dict[str, str]:
+    """Head -> reduction of every key: :data:`CORE` and each family's ``pieces``."""
+    out = dict(CORE)
+    for fam in families:
+        out.update({head(key): how for key, how in getattr(fam, "pieces", {}).items()})
+    return out
+
+
+def combine(how: str, held: Tensor, value: Tensor) -> Tensor:
+    """Two parts' values of one key, as one: NORM by ``hypot``, SUM (and the others) added."""
+    return torch.hypot(held, value) if how == NORM else held + value
+
+
+def accumulate(pieces: dict[str, Tensor], key: str, value: Tensor, reductions: Mapping[str, str]) -> None:
+    """Add a part's ``value`` of ``key`` into a parameter's ``pieces``, by its declared reduction."""
+    held = pieces.get(key)
+    pieces[key] = value if held is None else combine(reductions[head(key)], held, value)
