@@ -1,23 +1,33 @@
 """One run directory across processes: a run killed in the middle of a row and resumed stays readable
-(metrics.jsonl and TensorBoard event files)."""
+(metrics.jsonl and TensorBoard event files); a second live process writing to the directory is warned
+about once, naming the first; a process that ended, even killed, leaves nothing to warn about."""
 
 from __future__ import annotations
 
+import fcntl
+import gc
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
+import models
+from monitored_optim import Monitored, MonitorConfig
 from monitored_optim.__main__ import main
 from monitored_optim.report import ReportError, load_run
 
 CHILD = Path(__file__).with_name("run_dir_child.py")
+SHARED = "another process"
+"""Words of the warning about a second process writing to a run directory."""
 
 
 def child_env(logdir: Path, backend: str) -> dict[str, str]:
@@ -103,6 +113,7 @@ def test_runs_killed_mid_row_and_while_logging_then_resumed_stay_readable(tmp_pa
     whole, cut = rows(run)
     assert [row["step"] for row in whole] == list(range(1, len(whole) + 1))  # every step once, in order
     assert 1 <= len(cut) <= 2  # the row the limit cut, and the one the SIGKILL may have cut
+    assert SHARED not in (tmp_path / "second.err").read_text() + third.stderr  # the killed held no lock
     assert_reads_every_row(run, whole, capsys)
 
 
@@ -159,3 +170,79 @@ def test_the_jsonl_backend_starts_its_rows_on_a_line_of_their_own(tmp_path, text
     backend.close()
     assert (tmp_path / "metrics.jsonl").read_text() == written + ('{"step": 3, "global/grad_norm": 0.25}\n'
                                                                   '{"step": 4, "global/grad_norm": 0.125}\n')
+
+
+# ---- two processes on one run directory --------------------------------------------------------------
+
+def test_a_second_process_on_a_run_directory_is_warned_once_naming_the_first(tmp_path):
+    run = tmp_path / "run"
+    first = start_child(run, 0, 1, "hold")
+    assert first.stdout.readline() == "logged\n"
+    second = run_child(run, 0, 2, "two")  # two monitors with prefixes: one warning for the process
+    _, first_err = first.communicate("", timeout=120)
+    after = run_child(run, 1, 1)  # the first has finished: a resumed run, not a second writer
+    assert first.returncode == second.returncode == after.returncode == 0, second.stderr + after.stderr
+    told = [line for line in second.stderr.splitlines() if SHARED in line]
+    assert len(told) == 1, second.stderr
+    assert repr(str(run)) in told[0] and f"pid {first.pid} on {socket.gethostname()}" in told[0]
+    assert SHARED not in first_err + after.stderr
+
+
+def test_a_forked_worker_does_not_keep_the_lock_of_a_killed_process(tmp_path):
+    run = tmp_path / "run"
+    killed = run_child(run, 0, 1, "fork")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    worker = int(killed.stdout)
+    try:
+        os.kill(worker, 0)  # the worker lives on, holding whatever the killed process left open in it
+        assert lock_is_free(run)
+    finally:
+        os.kill(worker, signal.SIGKILL)
+
+
+def lock_is_free(logdir: Path) -> bool:
+    """Whether another open of the run directory's lock file could take it now."""
+    with open(logdir / ".monitored_optim.lock", "a") as file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(file, fcntl.LOCK_UN)
+        return True
+
+
+def train(logdir: Path, prefix: str | None = None, steps: int = 2):
+    problem = models.mlp()
+    opt = Monitored(torch.optim.SGD)(problem.groups, lr=0.1, monitor=MonitorConfig(
+        backend="jsonl,tensorboard", logdir=logdir, prefix=prefix))
+    for i in range(steps):
+        opt.zero_grad()
+        problem.loss(i).backward()
+        opt.step()
+    return opt
+
+
+def test_monitors_of_one_process_share_its_lock_until_the_last_lets_go(tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gen = train(tmp_path, "gen")
+        assert (tmp_path / ".monitored_optim.lock").read_text() == f"{os.getpid()} {socket.gethostname()}\n"
+        disc = train(tmp_path, "disc")
+        gen.monitor.close()
+        assert not lock_is_free(tmp_path)
+        train(tmp_path, "gen").monitor.close()  # reopened and closed again while disc still writes
+        assert not lock_is_free(tmp_path)
+        del disc  # dropped without close: it lets go when collected
+        gc.collect()
+        assert lock_is_free(tmp_path)
+    assert not [w for w in caught if SHARED in str(w.message)]
+
+
+def test_a_lock_file_that_cannot_be_made_is_skipped_silently(tmp_path):
+    (tmp_path / ".monitored_optim.lock").mkdir()  # not a file: cannot be opened or locked
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = train(tmp_path, steps=3)
+        opt.monitor.close()
+    assert not [w for w in caught if "monitored_optim: parameter" not in str(w.message)], caught
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
