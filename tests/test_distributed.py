@@ -228,7 +228,8 @@ def check(results: list[dict], want: dict[int, dict[str, float]], tmp_path, plai
     lines = (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [s for s in range(1, STEPS + 1) if s % EVERY == 0]
     assert json.loads(lines[-1]) == {"step": STEPS, **results[0]["latest"][STEPS]}
-    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["metrics.jsonl", "params.json"]  # rank 0 alone writes
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [".monitored_optim.lock", "metrics.jsonl",
+                                                                      "params.json"]  # rank 0 alone writes
     return errors
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from .._warnings import warn
+from . import lock
 
 
 class Backend(Protocol):
@@ -51,12 +53,18 @@ _WRITERS = itertools.count()
 """Numbers the event files of one process: two writers in one logdir never share a file."""
 
 
+FILES = ("tensorboard", "jsonl")
+"""The backends that write files in the logdir (a second process writing there is warned about: :mod:`.lock`)."""
+
 GROUPED = ("tensorboard", "wandb")
 """The backends that get a logging step over the tag budget grouped by depth (dashboards)."""
 
 
 class Fanout:
     """The backends of one monitor: opened at the first ``log``, each guarded against failure.
+
+    While file backends are open, the process holds the logdir's lock (:mod:`.lock`), so that a second
+    process writing there is warned about; ``close`` (or the Fanout's collection) lets it go.
 
     A backend that raises (in its constructor, ``log`` or ``close``: a full disk is ``OSError``
     ENOSPC, a file-size limit EFBIG) is reported once with ``warnings.warn`` naming it and the
@@ -75,6 +83,7 @@ class Fanout:
         self.names, self.logdir, self.strict = names, logdir, strict
         self.sinks = {_sink_name(sink, i): sink for i, sink in enumerate(sinks)}
         self._open: dict[str, Backend] | None = None
+        self._release: weakref.finalize | None = None
 
     def log(self, metrics: dict[str, float], step: int,
             compact: Callable[[], dict[str, float]] | None = None) -> None:
@@ -85,6 +94,9 @@ class Fanout:
         ``metrics.jsonl`` and the user's sinks always get ``metrics``."""
         if self._open is None:
             opened = {name: self._guard(name, open_backend, name, self.logdir) for name in self.names}
+            if set(FILES) & set(self.names):
+                lock.claim(self.logdir)
+                self._release = weakref.finalize(self, lock.release, self.logdir)
             self._open = {name: backend for name, backend in opened.items() if backend is not _FAILED}
             self._open.update({name: _Sink(sink) for name, sink in self.sinks.items()})
         grouped = None
@@ -104,6 +116,9 @@ class Fanout:
         backends, self._open = self._open or {}, None
         for name, backend in backends.items():
             self._guard(name, backend.close)
+        if self._release is not None:
+            self._release()
+            self._release = None
 
     def _guard(self, name: str, action: Callable[..., Any], *args: Any) -> Any:
         """``action(*args)``, or :data:`_FAILED` after warning (``strict``: the exception propagates)."""

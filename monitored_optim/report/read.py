@@ -125,8 +125,9 @@ def _hint_subdirectories(path: Path) -> str:
 def _read_jsonl(run_dir: Path, file: Path) -> Run:
     """Parse ``metrics.jsonl``: each line ``{"step": int, tag: number, ...}``.
 
-    A last line without its newline that does not parse (a run killed mid-write) is ignored; any
-    other malformed line raises :class:`ReportError` naming ``file:line``.
+    A row cut short (:func:`_is_cut`: its writer was killed in the middle of writing it, or a full
+    disk cut the write; a run resumed later appends after it, on the next line) is ignored; any other
+    malformed line raises :class:`ReportError` naming ``file:line``.
     """
     try:
         text = file.read_text(encoding="utf-8")
@@ -140,13 +141,36 @@ def _read_jsonl(run_dir: Path, file: Path) -> Run:
         try:
             records.append(_parse_record(line))
         except ValueError as exc:
-            if number == len(lines) and not text.endswith("\n") and records:
-                continue  # truncated final line of a run that was killed while writing it
+            if _is_cut(line):
+                continue
             raise ReportError(f"{file}:{number}: corrupt line ({exc}); expected one JSON object "
                               f'per line like {{"step": 10, "update_to_data/fc1.weight": -2.97}}') from None
     if not records:
         raise ReportError(f"{file}: no logged steps in the file; expected {EXPECTED}")
     return _assemble(run_dir, "jsonl", records)
+
+
+ROW_START = '{"step": '
+"""How every row of ``metrics.jsonl`` begins (the JSONL backend writes ``json.dumps({"step": N, ...})``)."""
+CUT_ENDINGS = ("}", "0}", ":0}", '0000":0}', '"":0}')
+"""Endings of which one completes a row cut anywhere: after a value ``}``; after a colon or within a
+number ``0}``; after a key ``:0}``; within a key, a ``\\uXXXX`` escape too, ``0000":0}``; after a
+comma or a key's backslash ``"":0}``."""
+
+
+def _is_cut(line: str) -> bool:
+    """Whether ``line`` is the beginning of a row, cut short: it begins as every row does and one of
+    :data:`CUT_ENDINGS` makes it a JSON object. Garbage, two rows run together or a row with
+    something added are not."""
+    if not (line.startswith(ROW_START) or ROW_START.startswith(line)):
+        return False
+    for ending in CUT_ENDINGS:
+        try:
+            json.loads(line + ending)
+            return True
+        except (ValueError, RecursionError):
+            pass
+    return False
 
 
 def _parse_record(line: str) -> tuple[int, dict[str, float]]:
