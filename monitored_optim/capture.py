@@ -176,6 +176,49 @@ one, and the inversion missed by 1.9e-4 of the norm), so a matrix goes back to t
 after that many quiet logging steps."""
 
 
+class RiskMemory:
+    """The snapshot rule's memory: the matrices snapshotted for rounding risk, and for how long.
+
+    A name is in it for :data:`SNAPSHOT_FOR` logging steps after the last one whose
+    :func:`rounding_risk` was above its bounds, or, before the first, when :func:`risky_when_built`
+    found it risky.
+    """
+
+    def __init__(self) -> None:
+        self._left: dict[str, int] = {}  # name -> logging steps it stays snapshotted
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._left
+
+    def mark_when_built(self, named: list[tuple[str, Tensor]]) -> None:
+        """Snapshot the parameters that :func:`risky_when_built` finds risky, from the first logging step."""
+        flags = risky_when_built([p for _, p in named])
+        self._left.update((name, SNAPSHOT_FOR) for (name, _), risky in zip(named, flags) if risky)
+
+    def update(self, names: list[str], position: dict[str, int], eps: Tensor, table: Any, exact: Tensor) -> None:
+        """After a logging step: renew the count of the parameters whose rounding risk was above the
+        bounds, count down the others it holds that had elements.
+
+        Args:
+            names: the parameters' names, the rows of ``table``; ``position``: name -> row.
+            eps: float64 ``(N,)``, :func:`eps` of each parameter's dtype.
+            table: the step's :class:`~monitored_optim.stats.MomentTable`.
+            exact: float64 ``(N,)``, :func:`at_powers_of_two` where measured, NaN elsewhere.
+        """
+        std, n = table.std, table.n[:, 0]
+        risky = rounding_risk(eps, table.sq_norm[:, 0] / n.clamp(min=1), std[:, 0], std[:, 2], table.sq_norm[:, 2], exact)
+        hot = {names[i] for i in (risky & (n > 0) & table.has[:, 2]).nonzero().flatten().tolist()}
+        self._left.update((name, SNAPSHOT_FOR) for name in hot)
+        sizes = n.tolist() if len(self._left) > len(hot) else []
+        for name in [name for name in self._left if name not in hot]:  # snapshotted by an earlier logging step
+            i = position.get(name)
+            if i is not None and sizes[i]:
+                if self._left[name] > 1:
+                    self._left[name] -= 1
+                else:
+                    del self._left[name]
+
+
 NEAR_CONSTANT = 1e-2
 """std(p) / rms(p) below which a float32/float64 matrix counts as near-constant when the optimizer
 is built, before any logging step could measure :func:`rounding_risk` (a matrix initialised at 1.0,

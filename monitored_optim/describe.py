@@ -90,7 +90,7 @@ def _capture(monitor: Any, name: str, p: torch.Tensor, shared: set[int], budget:
         return f"copied flat (at most {fused.SMALL:,} elements)"
     compiled = ", fused" if fused.enabled(monitor.settings.compile, p.device) and p.dtype in (
         torch.float32, torch.float64) else ""
-    reason = capture.snapshot_reason(p, id(p) in shared, name in monitor._risky)
+    reason = capture.snapshot_reason(p, id(p) in shared, name in monitor._risk)
     if reason is not None:
         return f"snapshot ({reason}){compiled}"
     if compiled and getattr(monitor.view, "fused", None) is not None:

@@ -15,7 +15,7 @@ import gc
 import inspect
 import math
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from itertools import compress
 from typing import Any
 
@@ -106,8 +106,8 @@ class Monitor:
         self._model_names: dict[int, str] = {}
         self._warned_unnamed = False
         self._verify_told: set[str] = set()
-        self._centre: dict[str, Sequence[bool]] = {}  # name -> per kind of stats.KINDS
-        self._risky: dict[str, int] = {}  # name -> logging steps it stays snapshotted (capture.SNAPSHOT_FOR)
+        self._centring = stats.CentringMemory()
+        self._risk = capture.RiskMemory()
         self._budget = capture.PART_ELEMENTS * 4
         self._layout: Layout | None = None
         self._roster: Roster | None = None
@@ -170,8 +170,7 @@ class Monitor:
             warn(f"monitored_optim: the parameter selection (MonitorConfig params=/exclude= or MONITORED_OPTIM_PARAMS) "
                  f"matches none of the {len(every)} parameters, so nothing is monitored; their names look like "
                  f"{every[0][0]!r}", RuntimeWarning)
-        flags = capture.risky_when_built([p for _, p in chosen])
-        self._risky.update((n, capture.SNAPSHOT_FOR) for (n, _), risky in zip(chosen, flags) if risky)
+        self._risk.mark_when_built(chosen)
 
     def watch(self, model: torch.nn.Module) -> list[str]:
         """Warn once about each trainable parameter of ``model`` that no param group holds, and
@@ -292,7 +291,7 @@ class Monitor:
                 if not (p.is_floating_point() or p.is_complex()):
                     continue  # integer tensors (frozen quantized weights) are never stepped
                 kind = kind if kind != "whole" or _dense_grad(p) else None
-                reason = capture.snapshot_reason(p, id(p) in layout.shared, name in self._risky)
+                reason = capture.snapshot_reason(p, id(p) in layout.shared, name in self._risk)
                 if kind == "whole" and reason is not None:  # the snapshot rule's copy, taken compiled
                     made = [Entry(name, group, p, None, fused=True)]
                     copies += made
@@ -321,9 +320,9 @@ class Monitor:
                 e.extremes = extremes
                 e.pieces["exact"] = exact
         eager = [e for e in unflat if not e.fused]
-        _record(batch, eager, "p", [e.p for e in eager], self._centring(eager, "p"))
+        _record(batch, eager, "p", [e.p for e in eager], self._centred(eager, "p"))
         if self.settings.figures & {"grad_to_data", "norms", "health"}:
-            _record_grads(batch, eager, grad_scale, self._centring(eager, "grad"))
+            _record_grads(batch, eager, grad_scale, self._centred(eager, "grad"))
         return Entries(entries, leads, unflat, befores)
 
     def _layout_of(self, optimizer: torch.optim.Optimizer, fuse: bool) -> Layout:
@@ -356,8 +355,7 @@ class Monitor:
                     items.append([])
                 items[-1].append(flat[-1])
             groups.append((group, way, items))
-        for e in flat:  # captured flat, exact for any spread: no centring decision (see _decide)
-            self._centre.pop(e.name, None)
+        self._centring.forget(e.name for e in flat)  # captured flat: exact for any spread
         self._layout = Layout(key, names, mask, groups,  # storage shared with any parameter, chosen or not
                               capture.shared(p for group in optimizer.param_groups for p in group["params"]),
                               capture.budget(sum(p.numel() * p.element_size() for p in params)), _flat_chunks(flat))
@@ -412,10 +410,9 @@ class Monitor:
             e.clone = part.p.detach().clone()
         return e
 
-    def _centring(self, entries: list[Entry], kind: str) -> list[bool]:
-        """Per entry, whether its ``kind`` moments need the centred pass (unknown ones do)."""
-        k = stats.KINDS.index(kind)
-        return [self._centre.get(e.name, _CENTRED)[k] for e in entries]
+    def _centred(self, entries: list[Entry], kind: str) -> list[bool]:
+        """Per entry, whether its ``kind`` moments take the centred pass."""
+        return self._centring.flags((e.name for e in entries), kind)
 
     @torch.no_grad()
     def _figures(self, optimizer: torch.optim.Optimizer, entries: Entries, batch: stats.Batch,
@@ -452,6 +449,7 @@ class Monitor:
         hosted = stats.Hosted(_moment_table(leads, roster.captured, counts, pairs, present), own)
         table = hosted.table
         figures = self._parameter_figures(roster, hosted)  # finite already
+        self._remember(roster, hosted)
         sq_norms = table.sq_norm.sum(0).tolist()
         rest = {f"global/{kind}_norm": math.sqrt(v) for kind, v in zip(("param", "grad", "update"), sq_norms)}
         errors = [_verify_error(e, *got["verify"], told=self._verify_told)
@@ -487,9 +485,8 @@ class Monitor:
         return held
 
     def _parameter_figures(self, roster: Roster, hosted: stats.Hosted) -> dict[str, float]:
-        """Per-parameter figures from the host values (the five of :func:`_tags`, the grad's only where
-        there was one, none that is undefined or not finite; ``update_lost`` in low precision), and
-        each parameter's centring and snapshot decisions for the next logging step."""
+        """Per-parameter figures from the host values: the five of :func:`_tags` (the grad's only where
+        there was one, none that is undefined or not finite) and ``update_lost`` in low precision."""
         table, norm, names = hosted.table, hosted.table.norm, roster.names
         columns = torch.stack([norm[:, 0], norm[:, 2], table.log10_ratio(2, 0),
                                norm[:, 1], table.log10_ratio(1, 0)], 1)
@@ -504,45 +501,16 @@ class Monitor:
             got = hosted.pieces[i]
             if "lost" in got and n[i] > 0:
                 figures[f"update_lost/{names[i]}"] = got["lost"][0] / n[i]
-        self._decide(roster, hosted, n)
         return figures
 
-    def _decide(self, roster: Roster, hosted: stats.Hosted, n: list[float]) -> None:
-        """After a logging step: which moments take the centred pass where the eager capture takes
-        them next time (``_centre``, also for those the fused capture took now: a parameter may leave
-        it, by losing its grad or a step with a closure; a grad's decision stays where there was
-        none; one captured flat has none, :meth:`_layout_of`: should it leave the flat capture, its
-        sums come centred, exact for any spread) and which parameters stay snapshotted
-        (:meth:`_still_risky`), for the parameters that had elements (``n``)."""
-        table, held, names = hosted.table, self._centre, roster.names
-        if roster.captured:
-            index = torch.tensor(roster.captured, dtype=torch.long)
-            flags, grads = table.needs_centring[index].tolist(), table.has[index, 1].tolist()
-            held.update({names[i]: flag if grad else [flag[0], held.get(names[i], _CENTRED)[1], flag[2]]
-                         for i, flag, grad in zip(roster.captured, flags, grads) if n[i]})
+    def _remember(self, roster: Roster, hosted: stats.Hosted) -> None:
+        """After a logging step: the centring and snapshot rules' memories for the next one."""
+        table, names = hosted.table, roster.names
+        self._centring.update(names, roster.captured, table)  # a flat entry has no decision
         exact = torch.full((len(names),), math.nan, dtype=torch.float64)
-        held_exact = [i for i in roster.captured if "exact" in hosted.pieces[i]]  # a flat entry has no pieces
-        exact[held_exact] = torch.tensor([hosted.pieces[i]["exact"][0] for i in held_exact], dtype=torch.float64)
-        std = table.std
-        risky = capture.rounding_risk(roster.eps, table.sq_norm[:, 0] / table.n[:, 0].clamp(min=1), std[:, 0],
-                                      std[:, 2], table.sq_norm[:, 2], exact)
-        hot = {names[i] for i in (risky & (table.n[:, 0] > 0) & table.has[:, 2]).nonzero().flatten().tolist()}
-        for name in hot:
-            self._still_risky(name, True)
-        for name in [name for name in self._risky if name not in hot]:  # snapshotted by an earlier logging step
-            i = roster.position.get(name)
-            if i is not None and n[i]:
-                self._still_risky(name, False)
-
-    def _still_risky(self, name: str, risky: bool) -> None:
-        """After a logging step: snapshot ``name`` for the next :data:`~monitored_optim.capture.SNAPSHOT_FOR`
-        logging steps where its rounding risk was above the bounds, one fewer where it was not."""
-        if risky:
-            self._risky[name] = capture.SNAPSHOT_FOR
-        elif self._risky.get(name, 1) > 1:
-            self._risky[name] -= 1
-        else:
-            self._risky.pop(name, None)
+        measured = [i for i in roster.captured if "exact" in hosted.pieces[i]]  # a flat entry has no pieces
+        exact[measured] = torch.tensor([hosted.pieces[i]["exact"][0] for i in measured], dtype=torch.float64)
+        self._risk.update(names, roster.position, roster.eps, table, exact)
 
     def _fuse(self, entries: list[Entry], befores: list[Tensor], state: dict[Tensor, dict[str, Any]],
               batch: stats.Batch) -> None:
@@ -620,13 +588,13 @@ class Monitor:
                 for span, piece in result.slices():
                     u = self._stored(e, piece, span)
                     if u is not None:
-                        _record(batch, [e], "u", [u], self._centring([e], "u"), scratch=True)
+                        _record(batch, [e], "u", [u], self._centred([e], "u"), scratch=True)
             else:
                 u = self._stored(e, result, state=states[i], work=batch.work)
                 if u is not None:
                     jobs.append((e, u))
             e.clone = None
-        centre = self._centring([e for e, _ in jobs], "u")
+        centre = self._centred([e for e, _ in jobs], "u")
         _record(batch, [e for e, _ in jobs], "u", [u for _, u in jobs], centre, scratch=True)
 
     def _stored(self, e: Entry, result: Any, span: slice | None = None,
@@ -830,10 +798,6 @@ def _verify_error(e: Entry, miss: float, truth: float, told: set[str]) -> float:
              f"from the clone-based truth by {miss:.3g} (norm {truth:.3g}) beyond the rounding of the stored "
              "value; please report it with your torch version and optimizer flags", RuntimeWarning)
     return miss / truth if truth > 0 else (0.0 if miss == 0 else math.inf)
-
-
-_CENTRED = (True, True, True)
-"""Per kind of :data:`~monitored_optim.stats.KINDS`, whether a parameter not measured before takes the centred pass."""
 
 
 @functools.lru_cache(maxsize=1 << 16)

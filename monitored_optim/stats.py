@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import math
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Union
 
@@ -507,3 +507,40 @@ class MomentTable:
         a, b = std[:, num], std[:, den]
         ok = a.isfinite() & b.isfinite() & (a > 0) & (b > 0)
         return torch.where(ok, (a / b).log10(), math.nan)
+
+
+class CentringMemory:
+    """Which moments of each parameter take the centred pass at its next eager capture.
+
+    A parameter not measured before takes it for every kind of :data:`KINDS`. After a logging step,
+    :meth:`update` keeps :attr:`MomentTable.needs_centring` of the parameters the eager capture may
+    take next time (a grad's flag stays where the step had no grad); a parameter captured flat is
+    exact for any spread and keeps none (:meth:`forget`).
+    """
+
+    FIRST = (True, True, True)
+    """The flags, per kind of :data:`KINDS`, of a parameter not measured before."""
+
+    def __init__(self) -> None:
+        self._flags: dict[str, Sequence[bool]] = {}
+
+    def flags(self, names: Iterable[str], kind: str) -> list[bool]:
+        """Per name, whether its ``kind`` moments take the centred pass."""
+        k = KINDS.index(kind)
+        return [self._flags.get(name, self.FIRST)[k] for name in names]
+
+    def forget(self, names: Iterable[str]) -> None:
+        """Drop the flags of ``names`` (captured flat: should one leave that capture, it starts centred)."""
+        for name in names:
+            self._flags.pop(name, None)
+
+    def update(self, names: list[str], rows: list[int], table: MomentTable) -> None:
+        """Keep the flags of the parameters at ``rows`` of ``table`` that had elements."""
+        if not rows:
+            return
+        index = torch.tensor(rows, dtype=torch.long)
+        flags, grads, sizes = (table.needs_centring[index].tolist(), table.has[index, 1].tolist(),
+                               table.n[index, 0].tolist())
+        held = self._flags
+        held.update({names[i]: flag if grad else [flag[0], held.get(names[i], self.FIRST)[1], flag[2]]
+                     for i, flag, grad, size in zip(rows, flags, grads, sizes) if size})
