@@ -100,7 +100,7 @@ class MonitorConfig:
             ``scaler.step(opt)`` / ``opt.step()`` call, skipped ones included, which is what the
             Hugging Face Trainer's and Lightning's global step count. Environment:
             ``MONITORED_OPTIM_COUNT``.
-        compile: the fused capture (``monitored_optim/fused.py``): ``True`` compiles each chunk's
+        compile: the fused capture (:mod:`monitored_optim.capture.fused`): ``True`` compiles each chunk's
             rebuild and sums with ``torch.compile`` (one pass over p, grad and state; the first
             logging step pays the compile), ``False`` keeps the eager capture, ``"auto"`` (default)
             fuses on CUDA devices only. Environment: ``MONITORED_OPTIM_COMPILE`` (``1``, ``0`` or

@@ -8,32 +8,31 @@ from typing import Any
 
 import torch
 
-from . import capture, fused
 from ._warnings import warn
-from .updates import CLONE, elementwise
+from .capture.fused import SMALL
+from .capture.plan import CLONE, FUSED_COPY, FUSED_REBUILD, SNAPSHOT, Plan, Planned, route
+from .capture.rules import snapshot_reason
+from .updates import elementwise
 
 
-def describe(monitor: Any, optimizer: torch.optim.Optimizer, names: list[list[str]]) -> str:
+def describe(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, str]) -> str:
     """The param groups with their hyperparameters, then one row per parameter: name, shape,
     dtype, kind (matrix: ndim >= 2; vector), and how its update is captured and why.
 
-    Capture is one of: ``view (<ViewName>)``, the update rebuilt from the optimizer's state with the
-    store's rounding inverted (``in N slices`` for a large one); ``snapshot (<reason>)``, an exact
-    copy of p_before on logging steps, for the reasons of
-    :func:`~monitored_optim.capture.snapshot_reason`; ``clone``, for an optimizer without a
-    state-aware view; ``copied flat``, a float32/float64 parameter of at most
-    :data:`~monitored_optim.fused.SMALL` elements, copied with the other small ones of its chunk
-    (``monitored_optim/fused.py``); ``, fused`` where the compiled fused capture takes it
-    (``MonitorConfig(compile=...)``); ``skipped``, left out by ``MonitorConfig(params=...)`` or an
-    integer tensor. These are the captures of a step with grads of the parameters' dtypes; verify
-    mode, sharding, closures and the ``state``/``spectral`` families keep the eager capture.
-    (A view may still take a clone of one parameter at a logging step where its hyperparameters make
-    the rebuild ill-conditioned; verify mode reports any miss.)
+    The capture column is the route the capture's plan gives a parameter at a logging step with
+    grads of the parameters' dtypes (:mod:`monitored_optim.capture.plan`): ``view (<ViewName>)``, the
+    update rebuilt from the optimizer's state with the store's rounding inverted (``in N slices``
+    for a large one); ``snapshot (<reason>)``, an exact copy of p_before on logging steps, for the
+    reasons of :func:`~monitored_optim.capture.rules.snapshot_reason`; ``clone (<reason>)``;
+    ``copied flat``, a small float32/float64 parameter copied with the other small ones of its
+    chunk; ``, fused`` where the compiled fused capture takes it (``MonitorConfig(compile=...)``);
+    ``skipped``, left out by ``MonitorConfig(params=...)`` or an integer tensor. Verify mode,
+    sharding, closures and the ``state``/``spectral`` families keep the eager routes.
 
     Args:
         monitor: the :class:`~monitored_optim.monitor.Monitor`.
         optimizer: its optimizer.
-        names: each group's parameter names, as the monitor names them.
+        known: id -> name of the parameters of watched models.
 
     Returns:
         The text, lines of at most about 100 columns.
@@ -45,17 +44,26 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, names: list[list[st
     for i, group in enumerate(optimizer.param_groups):
         hyper = ", ".join(f"{k}={_short(v)}" for k, v in group.items() if k not in ("params", "param_names"))
         lines.append(f"  group {i} ({len(group['params'])} parameters): {hyper}")
-    shared = capture.shared(p for group in optimizer.param_groups for p in group["params"])
-    named = [(n, p) for group, group_names in zip(optimizer.param_groups, names) for n, p in zip(group_names, group["params"])]
-    budget = capture.budget(sum(p.numel() * p.element_size() for n, p in named if monitor.settings.select(n, p)))
+    plan = monitor.capture.preview(optimizer, known)
+    shown = {}
+    for group, way, items in plan.groups:
+        for item in items:
+            if isinstance(item, list):
+                shown.update((id(e.p), f"copied flat (at most {SMALL:,} elements)") for e in item)
+            else:
+                shown[id(item.p)] = _route(monitor, plan, item, way)
     rows = [("parameter", "shape", "dtype", "kind", "capture")]
-    for name, p in named:
-        rows.append((name, "x".join(map(str, p.shape)) or "scalar", str(p.dtype).replace("torch.", ""),
-                     "matrix" if p.dim() >= 2 else "vector", _capture(monitor, name, p, shared, budget)))
+    for group, own in zip(optimizer.param_groups, plan.names):
+        for name, p in zip(own, group["params"]):
+            rows.append((name, "x".join(map(str, p.shape)) or "scalar", str(p.dtype).replace("torch.", ""),
+                         "matrix" if p.dim() >= 2 else "vector", shown.get(id(p), _SKIPPED)))
     widths = [max(len(row[c]) for row in rows) for c in range(4)]
     lines.append("")
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows]
     return "\n".join(lines)
+
+
+_SKIPPED = "skipped (left out by the selection: params=, exclude= or MONITORED_OPTIM_PARAMS)"
 
 
 def write_shapes(path: Path, prefix: str, params: list[tuple[str, torch.Tensor, torch.dtype]]) -> None:
@@ -79,25 +87,23 @@ def write_shapes(path: Path, prefix: str, params: list[tuple[str, torch.Tensor, 
         warn(f"monitored_optim: cannot write {str(path)!r} ({type(err).__name__}: {err})", RuntimeWarning)
 
 
-def _capture(monitor: Any, name: str, p: torch.Tensor, shared: set[int], budget: int) -> str:
+def _route(monitor: Any, plan: Plan, item: Planned, way: str | None) -> str:
+    """The capture column of one planned parameter (see :func:`describe`)."""
+    p = item.p
     if not (p.is_floating_point() or p.is_complex()):
         return "skipped (integer tensor: never stepped)"
-    if not monitor.settings.select(name, p):
-        return "skipped (left out by the selection: params=, exclude= or MONITORED_OPTIM_PARAMS)"
-    if monitor.view is CLONE:
-        return "clone (no state-aware view for this optimizer's step)"
-    if p.dtype in (torch.float32, torch.float64) and 0 < p.numel() <= fused.SMALL and p.layout == torch.strided:
-        return f"copied flat (at most {fused.SMALL:,} elements)"
-    compiled = ", fused" if fused.enabled(monitor.settings.compile, p.device) and p.dtype in (
-        torch.float32, torch.float64) else ""
-    reason = capture.snapshot_reason(p, id(p) in shared, name in monitor._risk)
-    if reason is not None:
-        return f"snapshot ({reason}){compiled}"
-    if compiled and getattr(monitor.view, "fused", None) is not None:
-        return f"view ({type(monitor.view).__name__}){compiled}"
-    limit = budget // p.element_size()
+    reason = snapshot_reason(p, id(p) in plan.shared, item.name in monitor.capture.risk)
+    taken = route(item, way, reason, dense_grad=True)
+    view = type(monitor.view).__name__
+    if taken == CLONE:
+        return f"clone ({item.clone})"
+    if taken in (FUSED_COPY, SNAPSHOT):
+        return f"snapshot ({reason})" + (", fused" if taken == FUSED_COPY else "")
+    if taken == FUSED_REBUILD:
+        return f"view ({view}), fused"
+    limit = plan.budget // p.element_size()
     slices = -(-p.numel() // limit) if elementwise(monitor.view) and p.numel() > limit else 1
-    return f"view ({type(monitor.view).__name__})" + (f", in {slices} slices" if slices > 1 else "")
+    return f"view ({view})" + (f", in {slices} slices" if slices > 1 else "")
 
 
 def _short(value: Any) -> str:

@@ -45,7 +45,7 @@ optimizer ZeRO's full list); a fingerprint of the names travels in the table, an
 to build its part still joins with a failure flag, so a disagreement or a failure raises on every
 rank instead of hanging or mixing up figures. Views that are not element-wise (Muon, Adafactor)
 cannot rebuild a shard's update from the shard: split parameters get a clone of their local piece
-(:meth:`Sharding.clone_where_needed`). Only rank 0 of the default group writes to the backends
+(:meth:`Sharding.cloned`). Only rank 0 of the default group writes to the backends
 (:func:`is_writer`); every rank gets the global figures.
 
 Assumptions (SPMD training): every rank of the default group calls ``step()`` of its monitored
@@ -75,7 +75,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import stats
 from .pieces import MOMENTS, NORM, SUM, WHOLE
-from .updates import Cloned, elementwise
+from .updates import elementwise
 
 _COLUMNS = 4
 """Table columns (see :meth:`Sharding._table`)."""
@@ -175,31 +175,17 @@ class Sharding:
                 return p, weight, None
         return p, 1.0 / self.world, None
 
-    def clone_where_needed(self, entries: list[Any], view: Any) -> None:
-        """Give a local clone to the entries whose update ``view`` cannot rebuild from a shard.
-
-        A view that is not element-wise (Muon's Newton-Schulz on the whole matrix, Adafactor's row
-        and column means) would rebuild a wrong update from a piece of a parameter, so for split
-        parameters (a sharded DTensor, an FSDP1 shard) the snapshot becomes
-        :class:`~monitored_optim.updates.clone.Cloned` of the local piece (exact, one copy of the
-        shard on logging steps). Whole parameters (replicas, ZeRO) keep the view.
-
-        Args:
-            entries: the monitor's entries (``.p`` a local piece, ``.snapshot``, ``.clone``) after
-                the views' ``before``; their ``snapshot`` is replaced in place.
-            view: the monitor's view; see :func:`~monitored_optim.updates.elementwise`.
-        """
-        if elementwise(view):
-            return
-        for e in entries:
-            if id(e.p) in self._split and not isinstance(e.snapshot, Cloned):
-                taken = getattr(e, "clone", None)  # verify mode's clone, if any, is the same copy
-                e.snapshot = Cloned(taken if taken is not None else e.p.detach().clone())
-                e.clone = None
+    def cloned(self, view: Any) -> frozenset[int]:
+        """The ids of the local pieces whose update ``view`` cannot rebuild: shards of split parameters
+        (a sharded DTensor, an FSDP1 shard) where the view is not element-wise (Muon's Newton-Schulz on
+        the whole matrix, Adafactor's row and column means). The capture's plan clones them: exact,
+        one copy of the shard on logging steps. Whole parameters (replicas, ZeRO) keep the view."""
+        return frozenset() if elementwise(view) else frozenset(self._split)
 
     def refresh_grad(self, piece: Tensor) -> None:
-        """Point ``piece.grad`` at the parameter's current grad if the parameter got a new one since
-        (a closure run inside ``step()``); the monitor reads ``state`` just before each view call."""
+        """Point ``piece.grad`` at the parameter's current grad, if a closure made a new one.
+
+        The capture reads ``state`` just before each view call."""
         if id(piece) in self._grad_seen:
             p = self.original(piece)
             if p.grad is not self._grad_seen[id(piece)]:
@@ -212,8 +198,9 @@ class Sharding:
         return self._orig.get(id(piece), piece)
 
     def localize_state(self, piece: Tensor, state: dict[str, Any]) -> dict[str, Any]:
-        """``state`` with each DTensor replaced by its local tensor, and each tensor shaped like an
-        FSDP1 flat shard narrowed like ``piece`` (a plain state dict is returned as is)."""
+        """``state`` as ``piece`` sees it: local tensors of DTensors, FSDP1 shards narrowed like it.
+
+        A plain state dict is returned as is."""
         valid = self._narrow.get(id(piece))
         if valid is None and not any(_is_dtensor(v) for v in state.values()):
             return state
@@ -240,7 +227,7 @@ class Sharding:
                 piece from :attr:`local`) and ``.pieces``, a dict of float64 device tensors computed
                 from the local piece: ``"p"``, ``"grad"``, ``"u"`` (``(mean, m2)`` from
                 :func:`~monitored_optim.stats.moments`, shape ``(2,)``), ``"lost"`` (a count, shape
-                ``(1,)``), ``"exact"`` (a sum, :func:`~monitored_optim.capture.at_powers_of_two`, shape
+                ``(1,)``), ``"exact"`` (a sum, :func:`~monitored_optim.capture.rules.at_powers_of_two`, shape
                 ``(1,)``), ``"verify"`` (two L2 norms, shape ``(2,)``). A piece may be missing on a
                 rank (no grad there, an unchanged local shard, an empty shard).
             keys: every key a piece may have -> its reduction (:mod:`monitored_optim.pieces`), the same

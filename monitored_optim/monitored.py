@@ -171,9 +171,10 @@ def _reduce_class(cls: type) -> tuple[Any, tuple[type]]:
 
 
 def _rebuilt_monitor(config: MonitorConfig | None, base: type) -> Monitor:
-    """The monitor of an unpickled optimizer; a configuration that no longer resolves here (a bad
-    environment variable, a log directory that cannot be created) warns and logs nothing rather
-    than making the checkpoint unloadable."""
+    """The monitor of an unpickled optimizer, or one that logs nothing if its configuration fails here.
+
+    A configuration that no longer resolves (a bad environment variable, a log directory that cannot
+    be created) warns rather than making the checkpoint unloadable."""
     try:
         return Monitor(config, base)
     except (ValueError, OSError, ImportError) as err:

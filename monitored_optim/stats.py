@@ -56,7 +56,7 @@ def _centred(x: Tensor, scratch: bool = False, work: Workspace | None = None) ->
     shifted-data formulas, Chan, Golub & LeVeque 1983). Uncentred sums ``(sum(x), ||x||)`` lose
     about 1e-7 * mean^2 / var of the variance in float32: :class:`Batch` takes them where
     ``mean^2 / var <= CENTRE_ABOVE``. ``work``: where the centred copy of a tensor of at most
-    :data:`SLICE` elements goes (:meth:`~monitored_optim.capture.Workspace.one`), else a new tensor.
+    :data:`SLICE` elements goes (:meth:`~monitored_optim.capture.store.Workspace.one`), else a new tensor.
 
     Returns:
         Tensor of shape ``(3,)`` in ``x``'s real dtype (float32 for bf16/fp16), on its device.
@@ -93,7 +93,7 @@ def _norm(x: Tensor) -> Tensor:
     """``||x||_2`` in ``x``'s dtype, accurate for large float32 tensors.
 
     torch's float32 vector norm on a CPU accumulates in float32, an error that grows with the
-    element count (-7.5e-4 relative on 2^24 N(0, 1) elements, measured). A contiguous tensor of more
+    element count. A contiguous tensor of more
     than 16 rows is reduced per row of :data:`ROW` elements (each row's error stays ~1e-7) and the
     row norms are combined in float64; this is also faster, the rows being reduced in parallel.
     """
@@ -245,8 +245,7 @@ class Batch:
         The sums of all adds live in one float64 buffer per device and width, allocated before the
         first large temporary of a logging step and doubled when full, rather than as one small
         tensor per add: small allocations that outlive the temporaries between them fragment the
-        host allocator's heap (measured: +11% to +31% of parameter bytes of peak RSS on a
-        GPT-2-shaped model with glibc, against 0.1% of tracked allocations)."""
+        host allocator's heap."""
         used = self._used.get(key, 0)
         store = self._store.get(key)
         if store is None or used + k > len(store):
@@ -311,8 +310,9 @@ class Moments:
         return {slot: (device, j) for device, held in self.order.items() for j, slot in enumerate(held.tolist())}
 
     def host(self, index: Tensor, extra: list[Tensor]) -> tuple[Tensor, Tensor, list[list[float]]]:
-        """The ``(mean, m2)`` of the slots ``index`` names and each of ``extra`` (1-D float64 device
-        tensors) on the host, with one device-to-host copy per device.
+        """The moments of the slots ``index`` names and the values of ``extra``, on the host.
+
+        One device-to-host copy per device; ``extra`` are 1-D float64 device tensors.
 
         Args:
             index: int64 CPU tensor of slots, of any shape S.
@@ -445,8 +445,9 @@ class MomentTable:
 
     @functools.cached_property
     def std(self) -> Tensor:
-        """Sample standard deviations (correction=1), shape ``(N, K)``; NaN where ``n < 2``, and
-        where uncentred sums had a mean too large for their spread (``mean^2 > RELIABLE_BELOW * var``:
+        """Sample standard deviations (correction=1), shape ``(N, K)``.
+
+        NaN where ``n < 2``, and where uncentred sums had a mean too large for their spread (``mean^2 > RELIABLE_BELOW * var``:
         the float32 rounding of the sums, about 1e-7 * mean^2 / var of the variance, would show)."""
         std = torch.where(self.n > 1, (self.m2.clamp(min=0) / (self.n - 1)).sqrt(), math.nan)
         if self.uncentred is None:

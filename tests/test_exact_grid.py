@@ -24,7 +24,8 @@ import pytest
 import torch
 
 import truth
-from monitored_optim import Monitored, MonitorConfig, capture, fused
+from monitored_optim import Monitored, MonitorConfig
+from monitored_optim.capture import fused, rules, store
 
 O = torch.optim
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -303,7 +304,7 @@ def test_at_powers_of_two_sums_the_squares_of_elements_at_a_power_of_two_before_
     exact = (torch.frexp(before).mantissa.abs() % 0.5 == 0) | (torch.frexp(after).mantissa.abs() % 0.5 == 0)
     assert int(exact.sum()) == 1000
     want = after[exact].double().square().sum().item()
-    assert capture.at_powers_of_two(before, after).item() == pytest.approx(want, rel=1e-6)
+    assert rules.at_powers_of_two(before, after).item() == pytest.approx(want, rel=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -315,7 +316,7 @@ def test_mantissa_gap_is_zero_exactly_where_the_bits_have_no_mantissa(dtype):
     info = torch.finfo(dtype)
     lowest = int(math.log2(info.tiny))  # the normal exponents: lowest to 1 - lowest
     powers = 2.0 ** torch.arange(lowest, 2 - lowest, dtype=torch.float64).to(dtype)
-    assert (capture.mantissa_gap(torch.cat([powers, -powers, torch.tensor([0.0, -0.0], dtype=dtype)])) == 0).all()
+    assert (rules.mantissa_gap(torch.cat([powers, -powers, torch.tensor([0.0, -0.0], dtype=dtype)])) == 0).all()
     spaced = powers[width + 1:]  # x·2^-(width + 1) is a normal number, exact
     for seed in range(20):
         mantissas = 1 + torch.rand(spaced.numel(), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
@@ -323,10 +324,10 @@ def test_mantissa_gap_is_zero_exactly_where_the_bits_have_no_mantissa(dtype):
         values = torch.cat([values, -values])
         has_bits = (values.view(ints) & ((1 << width) - 1)) != 0
         for out in (None, torch.empty_like(values)):
-            gap = capture.mantissa_gap(values, out)
+            gap = rules.mantissa_gap(values, out)
             assert torch.equal(gap != 0, has_bits) and (out is None or gap is out)
         assert int(has_bits.sum()) >= 4 * spaced.numel()
-    assert capture.mantissa_gap(torch.tensor([math.inf, -math.inf, math.nan], dtype=dtype)).isnan().all()
+    assert rules.mantissa_gap(torch.tensor([math.inf, -math.inf, math.nan], dtype=dtype)).isnan().all()
 
 
 @pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")
@@ -377,7 +378,7 @@ def test_at_powers_of_two_bound_counts_nonzero_powers_of_two(layout):
     bits = x.contiguous().view(torch.int32)
     count = int((((bits & ((1 << 23) - 1)) == 0) & (x.contiguous() != 0)).sum())
     want = count * x.abs().max().item() ** 2
-    got = capture.at_powers_of_two_bound(x, capture.bounds(x), capture.Workspace(x.numel() * 4)).item()
+    got = rules.at_powers_of_two_bound(x, store.bounds(x), store.Workspace(x.numel() * 4)).item()
     assert got == pytest.approx(want, rel=1e-6)  # the largest |p| squared in float32
-    assert got >= capture.at_powers_of_two(x, x).item()
-    assert capture.at_powers_of_two_bound(x, capture.bounds(x), capture.Workspace(x.numel() * 4 - 4)) is None
+    assert got >= rules.at_powers_of_two(x, x).item()
+    assert rules.at_powers_of_two_bound(x, store.bounds(x), store.Workspace(x.numel() * 4 - 4)) is None

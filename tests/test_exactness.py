@@ -362,13 +362,12 @@ def test_chunks_mixed_dtypes_and_lagging_steps_equal_clone_truth(cls, kwargs, dt
     """Updates rebuilt a chunk at a time (``update_many``), a float64 parameter among float32 ones,
     and per-parameter Adam steps that differ within a group: figures equal the clone truth at every
     step, the trajectory is bitwise the plain optimizer's, and the chunks really split the group."""
-    from monitored_optim import capture
-    from monitored_optim import layout, monitor as monitor_module
+    from monitored_optim.capture import eager, plan, store
 
     problem = _wide(dtype)
-    entries = [layout.Entry(n, {}, p, None) for n, p in problem.named]
-    budget = capture.budget(sum(p.numel() * p.element_size() for _, p in problem.named))
-    assert len(list(monitor_module._chunks(entries, budget))) >= 3
+    entries = [plan.Entry(n, {}, p, None) for n, p in problem.named]
+    budget = store.budget(sum(p.numel() * p.element_size() for _, p in problem.named))
+    assert len(list(eager.chunks(entries, budget))) >= 3
 
     def check(opt, expected):
         truth.assert_figures_match(opt.monitor.latest, expected, **TOLERANCE[dtype])

@@ -221,7 +221,7 @@ def test_describe_says_how_each_parameter_is_captured():
     rows = {line.split()[0]: line for line in text.splitlines() if line and line.split()[0] in dict(m.named_parameters())}
     assert "lr=0.0003" in text and "weight_decay=0.1" in text
     assert rows["emb.weight"].split()[1:4] == ["1000x300", "float32", "matrix"]
-    from monitored_optim.capture import budget
+    from monitored_optim.capture.store import budget
 
     limit = budget(sum(p.numel() * p.element_size() for n, p in m.named_parameters() if n != "fc.bias")) // 4
     assert rows["emb.weight"].endswith(f"view (AdamView), in {-(-1000 * 300 // limit)} slices")

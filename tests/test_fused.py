@@ -82,7 +82,7 @@ def test_fused_capture_on_a_model_matches_truth_and_trajectory(setup, tmp_path):
     _train(plain_model, cls(plain_model.parameters(), **kwargs), 4, check=False)
     for a, b in zip(model.parameters(), plain_model.parameters()):
         assert torch.equal(a, b)
-    assert not opt.monitor._fuser._failed
+    assert not opt.monitor.capture.fused.fuser._failed
 
 
 VIEWS = {"aten::select", "aten::as_strided", "aten::unsqueeze", "aten::view", "aten::reshape", "aten::slice",
@@ -135,7 +135,7 @@ def test_a_failing_compiler_warns_once_and_runs_the_fused_capture_eagerly(tmp_pa
         with pytest.warns(RuntimeWarning, match="compiling the fused capture failed") as caught:
             _train(model, opt, 3, check=True)
     assert sum("compiling the fused capture failed" in str(w.message) for w in caught) == 1
-    assert opt.monitor._fuser._failed
+    assert opt.monitor.capture.fused.fuser._failed
     torch._dynamo.reset()
 
 
@@ -148,7 +148,7 @@ def test_compile_off_and_auto_on_cpu_keep_the_eager_capture(tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             _train(model, opt, 2, check=True)
-        assert opt.monitor._fuser._compiled == {}
+        assert opt.monitor.capture.fused.fuser._compiled == {}
 
 
 class DecayIntoGrad(torch.optim.SGD):
@@ -204,7 +204,7 @@ def test_a_non_finite_grad_keeps_the_finite_param_norm(compile, tmp_path):
 def test_flat_chunks_are_greedy_consecutive_runs_within_the_budget(sizes):
     """Every parameter in exactly one chunk, in order; no chunk above FLAT elements; each chunk but
     the last is closed only because the next parameter would not fit."""
-    from monitored_optim import fused
+    from monitored_optim.capture import fused
 
     chunks = fused.flat_chunks(sizes)
     assert [i for c in chunks for i in c] == list(range(len(sizes)))

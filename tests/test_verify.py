@@ -11,7 +11,7 @@ import torch
 import models
 import truth
 from monitored_optim import Monitored, MonitorConfig
-from monitored_optim import monitor as monitor_module
+from monitored_optim.capture import eager as eager_module
 from monitored_optim.updates import Scaled, Stores, register, view_for
 from thirdparty import SignSGD
 
@@ -88,12 +88,12 @@ def test_verify_mode_catches_a_view_off_by_two_percent(dtype, init, monkeypatch,
     the view's own update misses the stored change by far more than one rounding) and on a constant
     fp32 matrix (whose p_before the inversion recovers exactly from its min = max). Verify mode must
     still name it, judging against the update itself, not against eps * ||p||."""
-    real = monitor_module.rebuild
+    real = eager_module.rebuild
 
     def broken(*args):
         return [None if u is None else _scaled(u, 1.02) for u in real(*args)]
 
-    monkeypatch.setattr(monitor_module, "rebuild", broken)
+    monkeypatch.setattr(eager_module, "rebuild", broken)
     gen = torch.Generator().manual_seed(0)
     w = torch.ones(256, 512) if init == "ones" else 0.02 * torch.randn(256, 512, generator=gen)
     w = torch.nn.Parameter(w.to(dtype))

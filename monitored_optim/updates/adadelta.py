@@ -16,7 +16,7 @@ equation per element (g' = ĝ + λ·p_a + λ·lr·δ(g'), solvable by Newton whe
 this view does not solve it: parameters of a group with λ > 0 take the clone, as do
 ``differentiable=True`` groups. ``capturable`` and a Tensor lr change nothing here (lr enters as a
 factor). Source: Zeiler (2012) "ADADELTA: An Adaptive Learning Rate Method", ``torch/optim/adadelta.py``
-(``_single_tensor_adadelta``, ``_multi_tensor_adadelta``) and ``shared/reference/update-formulas.md``
+(``_single_tensor_adadelta``, ``_multi_tensor_adadelta``) and ``docs/update-formulas.md``
 §Adadelta.
 """
 

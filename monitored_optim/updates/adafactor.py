@@ -21,7 +21,7 @@ device (one reduction, no clone). Then d = -α/max(1, ‖U‖/(√n·d))·U and,
 torch's Python floats are; a Tensor lr makes α float32 tensor arithmetic, as in torch.
 Source: Shazeer & Stern (2018) "Adafactor: Adaptive Learning Rates with Sublinear Memory Cost",
 ``torch/optim/_adafactor.py`` (``_single_tensor_adafactor``, ``_multi_tensor_adafactor``) and
-``shared/reference/update-formulas.md`` §Adafactor.
+``docs/update-formulas.md`` §Adafactor.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ step it skips for an inf is not monitored). ``differentiable=True`` falls back t
 Source: Duchi, Hazan & Singer (2011) "Adaptive Subgradient Methods for Online Learning and
 Stochastic Optimization", ``torch/optim/adagrad.py`` (``_single_tensor_adagrad``,
 ``_multi_tensor_adagrad``, ``_fused_adagrad``), ATen ``FusedAdagradKernel.cpp`` and
-``shared/reference/update-formulas.md`` §Adagrad.
+``docs/update-formulas.md`` §Adagrad.
 """
 
 from __future__ import annotations

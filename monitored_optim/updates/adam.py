@@ -23,7 +23,7 @@ returned as ``Scaled(r, c)`` (inside ``Stores((·,), s)`` under decoupled decay)
 Hyperparameters are read raw from the parameter's own group: a Tensor lr or beta, or the
 ``capturable``/``differentiable`` tensor step, makes the bias corrections float32 tensor arithmetic
 exactly as in torch. Source: Kingma & Ba (2015), Loshchilov & Hutter (2019), ``torch/optim/adam.py``
-(``_single_tensor_adam``) and ``shared/reference/update-formulas.md`` §Adam.
+(``_single_tensor_adam``) and ``docs/update-formulas.md`` §Adam.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class AdamView:
 
     def fused(self, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]]
               ) -> tuple[Any, tuple[Any, ...], Tensor, Tensor | None] | None:
-        """The fused form of :meth:`update_many` (``monitored_optim/fused.py``): ``(quotients, (m, v,
+        """The fused form of :meth:`update_many` (:mod:`monitored_optim.capture.fused`): ``(quotients, (m, v,
         eps·b), c, s)`` with d = c·m / (sqrt(v) + eps·b) per parameter and s the decoupled-decay
         factor (None without it); None where a state is missing, of another dtype, or its step
         lives elsewhere than the others'."""

@@ -14,7 +14,7 @@ Scalar arithmetic mirrors the path torch took: the single-tensor path keeps a Te
 (β1^t - 1) / lr as a float32 tensor and divides by ``e·(β1^t - 1)/lr``. ``differentiable=True``
 falls back to a clone. Source: Kingma & Ba (2015) "Adam: A Method for Stochastic Optimization" §7.1,
 ``torch/optim/adamax.py`` (``_single_tensor_adamax``, ``_multi_tensor_adamax``) and
-``shared/reference/update-formulas.md`` §Adamax.
+``docs/update-formulas.md`` §Adamax.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Scalar arithmetic mirrors the path torch took: the single-tensor path forms s in
 matters in float64); the foreach path folds λ into the gradient (s exact). No host read: η stays a
 tensor. ``differentiable=True`` falls back to a clone. Source: Polyak & Juditsky (1992)
 "Acceleration of Stochastic Approximation by Averaging", ``torch/optim/asgd.py``
-(``_single_tensor_asgd``, ``_multi_tensor_asgd``) and ``shared/reference/update-formulas.md`` §ASGD.
+(``_single_tensor_asgd``, ``_multi_tensor_asgd``) and ``docs/update-formulas.md`` §ASGD.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ CPU; on GPU it relies on deterministic GEMMs), d = -lr'·O and, under weight dec
 A Tensor lr makes lr' and s float32 tensor arithmetic, as in torch.
 Source: Jordan et al. (2024) "Muon: An optimizer for hidden layers in neural networks", Liu et al.
 (2025) "Muon is Scalable for LLM Training", ``torch/optim/_muon.py`` (``_single_tensor_muon``) and
-``shared/reference/update-formulas.md`` §Muon.
+``docs/update-formulas.md`` §Muon.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ Scalar arithmetic mirrors the path torch took: the single-tensor path keeps a Te
 (float32 coefficients), the foreach path reads it as a Python float; ``capturable`` computes μ, Π
 and the bias correction as tensors on the step's device. ``differentiable=True`` falls back to a clone.
 Source: Dozat (2016) "Incorporating Nesterov Momentum into Adam", ``torch/optim/nadam.py``
-(``_single_tensor_nadam``, ``_multi_tensor_nadam``) and ``shared/reference/update-formulas.md`` §NAdam.
+(``_single_tensor_nadam``, ``_multi_tensor_nadam``) and ``docs/update-formulas.md`` §NAdam.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ as float32 tensors (ρ_t is a difference of two numbers near ρ∞, so its round
 must be reproduced operation for operation). ``differentiable=True`` falls back to a clone.
 Source: Liu et al. (2020) "On the Variance of the Adaptive Learning Rate and Beyond",
 ``torch/optim/radam.py`` (``_single_tensor_radam``, ``_multi_tensor_radam``) and
-``shared/reference/update-formulas.md`` §RAdam.
+``docs/update-formulas.md`` §RAdam.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ Rebuild after the step (D is recomputed from the stored v, m exactly as torch co
 A Tensor lr and ``capturable`` only change how lr multiplies (same value). ``differentiable=True``
 falls back to a clone. Source: Hinton, "Neural Networks for Machine Learning" lecture 6e; Graves (2013)
 "Generating Sequences With Recurrent Neural Networks" (centered); ``torch/optim/rmsprop.py``
-(``_single_tensor_rmsprop``, ``_multi_tensor_rmsprop``) and ``shared/reference/update-formulas.md``
+(``_single_tensor_rmsprop``, ``_multi_tensor_rmsprop``) and ``docs/update-formulas.md``
 §RMSprop.
 """
 

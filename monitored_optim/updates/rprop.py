@@ -14,7 +14,7 @@ lr is only read when Γ is first filled, so later lr changes play no part. ``cap
 same values with ``torch.where``; ``differentiable=True`` falls back to a clone. Source: Riedmiller &
 Braun (1993) "A Direct Adaptive Method for Faster Backpropagation Learning: The RPROP Algorithm",
 ``torch/optim/rprop.py`` (``_single_tensor_rprop``, ``_multi_tensor_rprop``) and
-``shared/reference/update-formulas.md`` §Rprop.
+``docs/update-formulas.md`` §Rprop.
 """
 
 from __future__ import annotations

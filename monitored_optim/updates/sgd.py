@@ -17,7 +17,7 @@ Rebuild after the step, without p_b:
 
 ``differentiable=True`` may also rewrite ``p.grad`` in place, and 1 - γλ near 0 (a huge weight
 decay) makes the solve ill-conditioned: those parameters fall back to a clone.
-Source: ``torch/optim/sgd.py`` and ``shared/reference/update-formulas.md`` §SGD.
+Source: ``torch/optim/sgd.py`` and ``docs/update-formulas.md`` §SGD.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class SgdView:
 
     def fused(self, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]]
               ) -> tuple[Any, tuple[Any, ...], Tensor, None] | None:
-        """The fused form (``monitored_optim/fused.py``): ``(buffers, (b,), -γ, None)`` with the momentum
+        """The fused form (:mod:`monitored_optim.capture.fused`): ``(buffers, (b,), -γ, None)`` with the momentum
         buffers b (the dense grads, sign flipped under ``maximize``, for plain SGD); None where not
         :meth:`fusable` or a buffer is missing."""
         if not self.fusable(group):

@@ -12,7 +12,7 @@ Rebuild after the step from the stored dense m, v and the grad's indices (their 
 needed): u[I] = -lr·sqrt(bc2)/bc1 · m[I] / (sqrt(v[I]) + eps), u = 0 elsewhere. A grad with no
 stored values is a skipped step (u = 0, although t still advanced). A Tensor lr makes the step
 size float32 tensor arithmetic, as in torch. Source: ``torch/optim/_functional.py``
-(``sparse_adam``) and ``shared/reference/update-formulas.md`` §SparseAdam.
+(``sparse_adam``) and ``docs/update-formulas.md`` §SparseAdam.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ centring, sums), so its cost follows the number of tensors. The fused path hands
 
 * rebuilds each update from the optimizer's state (the view's ``fused`` form, e.g. Adam's
   d = c·m / (sqrt(v) + eps·b)), inverts the rounding of the store,
-  p_before = fl(fl(p_after - d) / s), u = p_after - p_before (``capture.stored_change``'s rule), or
+  p_before = fl(fl(p_after - d) / s), u = p_after - p_before (:func:`~monitored_optim.capture.store.stored_change`'s rule), or
   takes p_before from the snapshot of the snapshot rule (vectors, near-constant matrices);
 * reduces p_before (before the step, :func:`prior`), the grad and u to one-pass *shifted* sums
   accumulated in float64: with c the
@@ -24,15 +24,19 @@ same function runs eagerly (a warning, once), which gives the same figures.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch._utils import _flatten_dense_tensors
 
-from . import capture
-from ._warnings import warn
+from .. import stats
+from .._warnings import warn
+from ..updates import CLONE, Cloned, View, rebuild
+from .plan import Entry, Flat
+from .rules import at_powers_of_two
+from .store import stored_change
 
 CHUNK = 32
 """Most parameters handed to one call: larger chunks mean fewer calls but longer compiles (inductor's
@@ -54,8 +58,7 @@ def enabled(mode: str, device: torch.device) -> bool:
 
 
 SMALL = 1 << 12
-"""Elements up to which a parameter is captured *flat* (eagerly, compiling or not: measured faster on a
-CPU, 0.16 against 0.6 ms for 49 vectors): copied whole into one flat
+"""Elements up to which a parameter is captured *flat* (eagerly, compiling or not): copied whole into one flat
 buffer with the other small parameters of its chunk before the step (its exact snapshot), so that a
 chunk of thousands of biases and norm gains costs a few ops, not a few per tensor."""
 
@@ -153,19 +156,16 @@ def shifted_rows(xs: Sequence[Tensor]) -> Tensor:
 def prior(xs: list[Tensor]) -> Tensor:
     """Before the step, in one pass: per tensor ``[min, max, c, Σ(x - c), sqrt(Σ(x - c)^2), exact]`` in
     float64, shape ``(k, 6)``: the bounds (where they are equal, a matrix initialised at 0, p_before
-    is that value exactly, ``capture.bounds``), the :func:`shifted_rows` of p_before, taken here
+    is that value exactly, :func:`~monitored_optim.capture.store.bounds`), the :func:`shifted_rows` of p_before, taken here
     because p_after - u cannot give p_before where the step made p non-finite, and
-    :func:`~monitored_optim.capture.at_powers_of_two` of p_before. Inductor fuses all six into one
-    loop per tensor (the benchmark's 26 matrices: 26 parallel regions, 76 when the power-of-two test
-    read x's bits and the bounds ran over each tensor's own shape; 0.88 against 1.11 to 1.43 ms a
-    call, repeated from cache; 1.11 against 1.61 ms inside logging steps): each tensor's reductions
-    are traced together, over its flat view, as inductor fuses only nodes close in the graph and of
-    one loop shape."""
+    :func:`~monitored_optim.capture.rules.at_powers_of_two` of p_before. Each tensor's reductions are
+    traced together, over its flat view, so that inductor fuses them into one loop per tensor (it
+    fuses only nodes close in the graph and of one loop shape)."""
     rows = []
     for x in xs:
         flat = x.reshape(-1)
         rows.append(torch.cat([torch.stack([flat.min(), flat.max()]).double(), shifted_rows([flat])[0],
-                               capture.at_powers_of_two(flat, flat)]))
+                               at_powers_of_two(flat, flat)]))
     return torch.stack(rows)
 
 
@@ -200,10 +200,11 @@ def grad_and_change_rows(grads: list[Tensor], changes: list[Tensor]) -> Tensor:
 
 
 def snapshotted(before: list[Tensor], after: list[Tensor], grads: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """Rows of p_before, grad and u = p_after - p_before of parameters with an exact snapshot, float64
-    of shape ``(3, k, 3)``, and their :func:`~monitored_optim.capture.at_powers_of_two` (``(k,)``)."""
+    """Rows of p_before, grad and u of parameters with an exact snapshot, and their power-of-two sums.
+
+    Returns float64 ``(3, k, 3)`` and :func:`~monitored_optim.capture.rules.at_powers_of_two` of each, ``(k,)``."""
     rows = [shifted_rows(before), shifted_rows(grads), shifted_rows([p - b for p, b in zip(after, before)])]
-    return torch.stack(rows), torch.cat([capture.at_powers_of_two(b, p) for p, b in zip(after, before)])
+    return torch.stack(rows), torch.cat([at_powers_of_two(b, p) for p, b in zip(after, before)])
 
 
 def copied(xs: list[Tensor]) -> list[Tensor]:
@@ -213,13 +214,10 @@ def copied(xs: list[Tensor]) -> list[Tensor]:
 
 INDUCTOR = {"realize_reads_threshold": 64, "realize_opcount_threshold": 1000, "realize_cpu_opcount_threshold": 1000,
             "cpp.enable_unsafe_math_opt_flag": False}
-"""Inductor recomputes each element's p_before and u in every sum that reads it rather than storing
-them: with its default thresholds it keeps parameter-sized buffers for them (measured: 31% of the
-parameter bytes of the benchmark's model at once), the memory the fused capture exists to save. Its
-C++ keeps IEEE float semantics whatever the user's inductor settings: the inversion of the store and
-:func:`~monitored_optim.capture.mantissa_gap` rely on each rounding (``-funsafe-math-optimizations``,
-``TORCHINDUCTOR_CPP_ENABLE_UNSAFE_MATH_OPT_FLAG=1``, made the power-of-two sums 0, figures 1.8% off,
-and switches the whole process to flush subnormals to zero)."""
+"""Inductor options of the fused passes: recompute each element's p_before and u in every sum that
+reads it rather than keep parameter-sized buffers for them (the memory the fused capture exists to
+save), and keep IEEE float semantics whatever the user's inductor settings (the inversion of the
+store and :func:`~monitored_optim.capture.rules.mantissa_gap` rely on each rounding)."""
 
 
 class Fuser:
@@ -249,3 +247,163 @@ class Fuser:
                      "figures; MonitorConfig(compile=False) or MONITORED_OPTIM_COMPILE=0 uses the eager capture",
                      RuntimeWarning)
         return fn(*args)
+
+
+def chunk_flat(small: list[Entry]) -> list[Flat]:
+    """The flat entries in chunks (:func:`flat_chunks`), each entry's ``flat`` set to its chunk.
+
+    A chunk holds entries of one param group, device and dtype, at most :data:`FLAT` elements."""
+    kinds: dict[tuple[Any, ...], list[Entry]] = {}
+    for e in small:
+        kinds.setdefault((id(e.group), e.p.device, e.p.dtype), []).append(e)
+    chunks = []
+    for members in kinds.values():
+        sizes = [e.p.numel() for e in members]
+        for span in flat_chunks(sizes):
+            chunk, lengths = members[span.start:span.stop], sizes[span.start:span.stop]
+            params = [x.p for x in chunk]
+            chunks.append(Flat(chunk, params, lengths, torch.tensor(lengths, device=params[0].device)))
+            for x in chunk:
+                x.flat = chunks[-1]
+    return chunks
+
+
+def dense_grad(p: Tensor) -> bool:
+    """Whether ``p`` has a dense grad (a sparse one, ``nn.Embedding(sparse=True)``'s, has no fused form)."""
+    return p.grad is not None and p.grad.layout is torch.strided
+
+
+class Fused:
+    """The fused routes of one monitor: flat chunks and whole parameters through compiled passes.
+
+    Args:
+        view: the monitor's update view.
+        mode: ``MonitorConfig.compile`` (see :func:`enabled`).
+    """
+
+    def __init__(self, view: View, mode: str) -> None:
+        self.view = view
+        self.mode = mode
+        self.fuser = Fuser(mode)
+
+    def way(self, group: dict[str, Any]) -> str | None:
+        """What the fused routes may do for ``group``: None (nothing: an optimizer without a view, or
+        a step that rewrites ``p.grad``, whose sums must be taken before it), ``"copy"`` (flat small parameters and the snapshot
+        rule's copies) or ``"rebuild"`` (also the view's fused form)."""
+        if self.view is CLONE or not getattr(self.view, "keeps_grad", lambda g: True)(group):
+            return None
+        fusable = getattr(self.view, "fusable", None)
+        return "rebuild" if fusable is not None and fusable(group) else "copy"
+
+    def form(self, p: Tensor) -> str | None:
+        """The form the fused routes may take ``p`` in where its group's :meth:`way` allows it, from
+        its metadata alone: ``"flat"`` (a non-empty dense float32/float64 parameter of at most
+        :data:`SMALL` elements), ``"whole"`` (a larger one, where compiling is enabled for its
+        device), or None (eager)."""
+        if type(p) not in (Tensor, torch.nn.Parameter) or p.dtype not in (torch.float32, torch.float64) \
+                or p.layout is not torch.strided or p.numel() == 0:
+            return None
+        if p.numel() <= SMALL:
+            return "flat"
+        return "whole" if enabled(self.mode, p.device) else None
+
+    def before(self, chunks: list[Flat], copies: list[Entry], whole: list[Entry], batch: stats.Batch) -> list[Tensor]:
+        """Take p_before of the fused routes; returns the flat chunks' (one buffer per chunk).
+
+        ``copies`` get the snapshot rule's compiled copies; of ``whole`` (every entry of a fused
+        route but the flat ones), those without a snapshot then (the view rebuilds them) get their
+        bounds and p_before's sums."""
+        befores = [flat_copy(chunk.params) for chunk in chunks]
+        for chunk in device_chunks(copies):
+            for e, before in zip(chunk, self.fuser(copied, [e.p for e in chunk], device=chunk[0].p.device)):
+                e.snapshot = Cloned(before)
+        for chunk in device_chunks([e for e in whole if e.snapshot is None]):
+            rows = self.fuser(prior, [e.p for e in chunk], device=chunk[0].p.device)
+            batch.put(rows[:, 2:5], [stats.count(e.p) for e in chunk], [e.slots["p"] for e in chunk])
+            for e, extremes, exact in zip(chunk, rows[:, :2].unbind(), rows[:, 5:].unbind()):
+                e.extremes = extremes
+                e.pieces["exact"] = exact
+        return befores
+
+    def after(self, entries: list[Entry], chunks: list[Flat], befores: list[Tensor],
+              state: dict[Tensor, dict[str, Any]], batch: stats.Batch) -> None:
+        """After the step: the rows of every flat chunk (p_before, grad and u), and of ``entries`` (the
+        whole ones) those of the snapshotted and the grad and u of the rebuilt ones, into ``batch``;
+        one call per chunk of up to :data:`CHUNK` parameters of one param group, device, dtype, rank
+        and route, so that identical blocks share a compiled graph."""
+        kinds: dict[tuple[Any, ...], list[Entry]] = {}
+        for e in entries:
+            key = (id(e.group), e.p.device, e.p.dtype, e.p.dim(), isinstance(e.snapshot, Cloned))
+            kinds.setdefault(key, []).append(e)
+        for chunk, before in zip(chunks, befores):
+            grads, present = _grads(chunk.params)
+            rows = flat(before, _flatten_dense_tensors(chunk.params), _flatten_dense_tensors(grads),
+                        chunk.lengths)  # eager: faster than compiled here
+            _put(batch, chunk.members, rows, stats.KINDS, present, chunk.sizes)
+        for key, members in kinds.items():
+            for i in range(0, len(members), CHUNK):
+                chunk = members[i:i + CHUNK]
+                after = [e.p for e in chunk]
+                grads, present = _grads(after)
+                if key[-1]:
+                    rows, exact = self.fuser(snapshotted, [e.snapshot.before for e in chunk], after, grads,
+                                             device=key[1])
+                    for e, value in zip(chunk, exact.unbind()):
+                        e.pieces["exact"] = value.reshape(1)
+                else:
+                    rows = self._rebuilt_rows(chunk[0].group, after, [state.get(p, {}) for p in after], grads,
+                                              [e.extremes for e in chunk])
+                _put(batch, chunk, rows, stats.KINDS if key[-1] else stats.KINDS[1:], present)
+
+    def _rebuilt_rows(self, group: dict[str, Any], after: list[Tensor], states: list[dict[str, Any]],
+                      grads: list[Tensor], extremes: list[Tensor]) -> Tensor:
+        """The grad and u rows of a chunk of parameters the view rebuilds (:func:`inverted`).
+
+        Through the view's fused form, or, where it has none for these states, from the view's
+        eager rebuild and inversion."""
+        form = self.view.fused(group, after, states)  # type: ignore[attr-defined]
+        if form is not None:
+            return self.fuser(inverted, *form, torch.stack(extremes), after, grads, device=after[0].device)
+        changes = []
+        for p, result, bound in zip(after, rebuild(self.view, group, after, states, [None] * len(after)), extremes):
+            u = stored_change(p, result, None, bound.to(p.dtype), meant=False)[0]
+            changes.append(torch.zeros_like(p) if u is None else u)
+        return grad_and_change_rows(grads, changes)
+
+
+def device_chunks(entries: list[Entry]) -> Iterator[list[Entry]]:
+    """``entries`` by device, in chunks of at most :data:`CHUNK`."""
+    by_device: dict[torch.device, list[Entry]] = {}
+    for e in entries:
+        by_device.setdefault(e.p.device, []).append(e)
+    for members in by_device.values():
+        for i in range(0, len(members), CHUNK):
+            yield members[i:i + CHUNK]
+
+
+def _grads(params: list[Tensor]) -> tuple[list[Tensor], list[bool]]:
+    """Each parameter's grad after the step, dense, and whether it has one.
+
+    A sparse grad (of a parameter captured flat) is made dense; a missing one (no grad, or a step
+    that dropped it) is zeros, and its grad's rows are left out."""
+    grads = [p.grad for p in params]
+    present = [g is not None for g in grads]
+    if all(present) and all(g.layout is torch.strided for g in grads):
+        return grads, present
+    return ([torch.zeros_like(p) if g is None else g if g.layout is torch.strided else g.to_dense()
+             for p, g in zip(params, grads)], present)
+
+
+def _put(batch: stats.Batch, chunk: list[Entry], rows: Tensor, kinds: tuple[str, ...], present: list[bool],
+         counts: list[int] | None = None) -> None:
+    """Put a chunk's ``(len(kinds), k, 3)`` rows into its entries' slots of those kinds.
+
+    A parameter whose step left it without a grad (not ``present``) gets no grad row; ``counts``:
+    the entries' element counts, where known."""
+    counts = counts if counts is not None else [stats.count(e.p) for e in chunk]
+    with_grad = [i for i, held in enumerate(present) if held]
+    for kind, table in zip(kinds, rows.unbind(0)):
+        if kind == "grad" and len(with_grad) < len(chunk):
+            batch.put(table[with_grad], [counts[i] for i in with_grad], [chunk[i].slots[kind] for i in with_grad])
+        else:
+            batch.put(table, counts, [e.slots[kind] for e in chunk])

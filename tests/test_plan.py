@@ -1,4 +1,4 @@
-"""The layout of a logging step (``monitored_optim.layout``): kept while the parameters stay the same,
+"""The plan of a logging step (``monitored_optim.capture.plan``): kept while the parameters stay the same,
 rebuilt when anything it is derived from changes, with the clone truth's figures at every step."""
 
 from __future__ import annotations
@@ -92,16 +92,16 @@ def test_the_layout_is_kept_while_the_parameters_stay_the_same_and_rebuilt_when_
     opt = Monitored(torch.optim.SGD)(named, lr=1e-2, monitor=MonitorConfig(
         backend="none", logdir=tmp_path, params=lambda name, p: name in chosen))
     _logged_step(opt, named, gen)
-    first = opt.monitor._layout
+    first = opt.monitor.capture.plan
     _logged_step(opt, named, gen)
-    assert opt.monitor._layout is first
+    assert opt.monitor.capture.plan is first
     change, rebuilt = CHANGES[change]
     named, no_grad = change(opt, named, gen, chosen)
     _logged_step(opt, named, gen, no_grad)
-    assert (opt.monitor._layout is not first) == rebuilt
-    kept = opt.monitor._layout
+    assert (opt.monitor.capture.plan is not first) == rebuilt
+    kept = opt.monitor.capture.plan
     _logged_step(opt, named, gen, no_grad)
-    assert opt.monitor._layout is kept
+    assert opt.monitor.capture.plan is kept
 
 
 def test_names_given_by_watch_after_the_first_logging_step_rebuild_the_layout(tmp_path):

@@ -1,0 +1,258 @@
+"""The capture: each monitored parameter's p_before and stored change u around the base step.
+
+A logging step runs :meth:`Capture.before`, the base step, then :meth:`Capture.after`. The
+:class:`~monitored_optim.capture.plan.Plan` decides each parameter's route once per set of
+parameters; the routes run in :mod:`~monitored_optim.capture.eager` and
+:mod:`~monitored_optim.capture.fused`; the snapshot rule is :mod:`~monitored_optim.capture.rules`,
+the inversion of the store :mod:`~monitored_optim.capture.store`. What comes out is one
+:class:`~monitored_optim.stats.Batch` of sums (p_before, grad, u per parameter) and each
+parameter's device pieces (:mod:`monitored_optim.pieces`).
+
+Words used throughout:
+
+* *entry*: one parameter, or one *part* (a flat slice) of a large one, on a logging step;
+* *route*: how a parameter's p_before and u are taken (the plan's table);
+* *snapshot*: an exact copy of p_before; *inversion*: p_before recovered from p_after and the
+  view's update, the store's rounding undone;
+* *view*: the object that rebuilds an optimizer's update from its state (:mod:`monitored_optim.updates`);
+* *flat chunk*: small parameters laid end to end and measured together;
+* *piece*: a per-parameter device value besides the moments, keyed, with a declared reduction.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .. import stats
+from ..config import Settings, every_parameter
+from ..updates import CLONE, View, elementwise, raw_step
+from .eager import Eager, chunks, record_grads
+from .fused import Fused, chunk_flat, dense_grad
+from .plan import (CLONE as CLONE_ROUTE, FUSED_COPY, FUSED_REBUILD, WHOLE, Entries, Entry, Plan, Planned, Roster,
+                   assign_slots, composition, fingerprint, names, route)
+from .rules import RiskMemory, shared, snapshot_reason
+from .store import PART_ELEMENTS, Part, Workspace, budget, parts
+
+
+class Capture:
+    """Takes each monitored parameter's p_before before the base step and its stored change after it.
+
+    Args:
+        view: the update view of the optimizer's class (:func:`~monitored_optim.updates.view_for`).
+        settings: the monitor's settings (``verify``, ``compile``, ``figures``, ``select``).
+        families: the figure families whose ``part`` hook sees each stored change.
+        reductions: key head -> reduction of every device piece.
+    """
+
+    def __init__(self, view: View, settings: Settings, families: list[Any], reductions: dict[str, str]) -> None:
+        self.view, self.settings = view, settings
+        self.risk = RiskMemory()
+        self.centring = stats.CentringMemory()
+        self.eager = Eager(view, settings.verify, families, reductions, self.centring)
+        self.fused = Fused(view, settings.compile)
+        self.budget = PART_ELEMENTS * 4
+        self.plan: Plan | None = None
+        self._roster: Roster | None = None
+
+    def plan_of(self, optimizer: torch.optim.Optimizer, known: dict[int, str], fuse: bool,
+                cloned: frozenset[int] = frozenset()) -> Plan:
+        """This logging step's :class:`~monitored_optim.capture.plan.Plan`: the last one where its
+        fingerprint and the selection (a ``MonitorConfig(params=...)`` callable is asked again at
+        every logging step) are the same, else a new one.
+
+        Args:
+            optimizer: the optimizer, or under ``torch.distributed`` its local view.
+            known: id -> name of the parameters of watched models.
+            fuse: whether the fused routes may be taken on this step.
+            cloned: ids of the parameters to clone (shards that the view cannot rebuild).
+        """
+        ways = tuple(self.fused.way(group) if fuse else None for group in optimizer.param_groups)
+        key = fingerprint(optimizer, (ways, cloned, len(known)))
+        held = self.plan if self.plan is not None and self.plan.key == key else None
+        named = held.names if held is not None else names(optimizer, known)
+        select = self.settings.select
+        mask = None if select is every_parameter else [select(n, p) for group, own in zip(optimizer.param_groups, named)
+                                                       for n, p in zip(own, group["params"])]
+        if held is not None and held.mask == mask:
+            return held
+        self.plan = self.build(optimizer, key, named, mask, ways, cloned)
+        self.centring.forget(e.name for chunk in self.plan.chunks for e in chunk.members)  # exact for any spread
+        return self.plan
+
+    def preview(self, optimizer: torch.optim.Optimizer, known: dict[int, str]) -> Plan:
+        """The plan of a logging step with the fused routes allowed, for ``describe()``; not kept."""
+        named = names(optimizer, known)
+        ways = tuple(self.fused.way(group) for group in optimizer.param_groups)
+        mask = [self.settings.select(n, p) for group, own in zip(optimizer.param_groups, named)
+                for n, p in zip(own, group["params"])]
+        return self.build(optimizer, [], named, mask, ways)
+
+    def build(self, optimizer: torch.optim.Optimizer, key: list[Any], named: list[list[str]], mask: list[bool] | None,
+              ways: tuple[str | None, ...], cloned: frozenset[int] = frozenset()) -> Plan:
+        """A new :class:`~monitored_optim.capture.plan.Plan` (see :meth:`plan_of`; ``ways``: each
+        param group's fused way, :meth:`~monitored_optim.capture.fused.Fused.way`)."""
+        chosen = iter(mask) if mask is not None else None
+        groups, flat, params = [], [], []
+        for group, way, own in zip(optimizer.param_groups, ways, named):
+            items: list[Any] = []  # runs of flat entries (lists) and a Planned for each other parameter
+            for name, p in zip(own, group["params"]):
+                if chosen is not None and not next(chosen):
+                    continue
+                params.append(p)
+                form = self.fused.form(p) if way is not None else None
+                if form != "flat":
+                    clone = _CLONE_VIEW if self.view is CLONE else _SHARD if id(p) in cloned else None
+                    items.append(Planned(name, p, form, clone))
+                    continue
+                flat.append(Entry(name, group, p, None, fused=True))
+                if not (items and isinstance(items[-1], list)):
+                    items.append([])
+                items[-1].append(flat[-1])
+            groups.append((group, way, items))
+        return Plan(key, named, mask, groups,  # storage shared with any parameter, chosen or not
+                    shared(p for group in optimizer.param_groups for p in group["params"]),
+                    budget(sum(p.numel() * p.element_size() for p in params)), chunk_flat(flat))
+
+    @torch.no_grad()
+    def before(self, optimizer: torch.optim.Optimizer, batch: stats.Batch, grad_scale: Tensor | None,
+               known: dict[int, str], split: bool = True, fuse: bool = False,
+               cloned: frozenset[int] = frozenset()) -> Entries:
+        """Before the base step: an entry per part of each monitored parameter, its p_before as its
+        route takes it, and the sums of p_before and the grads in ``batch``.
+
+        Args:
+            optimizer, known, fuse, cloned: see :meth:`plan_of`.
+            batch: the logging step's sums.
+            grad_scale: a fused GradScaler step's scale (the grads are unscaled by it), or None.
+            split: whether large parameters may be cut into parts.
+        """
+        plan = self.plan_of(optimizer, known, fuse, cloned)
+        self.eager.shared = plan.shared
+        entries, leads, unflat, blocks, copies = [], [], [], [], []
+        cut = split and elementwise(self.view)
+        self.budget = batch.work.nbytes = plan.budget  # the batch's buffers: one chunk's temporaries
+        for group, way, items in plan.groups:
+            for item in items:
+                if isinstance(item, list):  # a run of flat entries: copied into their chunks' buffers, no part
+                    entries += item
+                    blocks.append(item)
+                    continue
+                p = item.p
+                if not (p.is_floating_point() or p.is_complex()):
+                    continue  # integer tensors (frozen quantized weights) are never stepped
+                reason = snapshot_reason(p, id(p) in plan.shared, item.name in self.risk)
+                taken = route(item, way, reason, item.form == WHOLE and dense_grad(p))
+                if taken == FUSED_COPY:  # the snapshot rule's copy, taken compiled
+                    made = [Entry(item.name, group, p, None, fused=True)]
+                    copies += made
+                elif taken == FUSED_REBUILD:  # the view's fused form, its sums after the step
+                    made = [self.eager.entry(item.name, group, Part(p, optimizer.state.get(p, {}), p), None, None,
+                                             True)]
+                else:
+                    reason = "clone" if taken == CLONE_ROUTE else reason
+                    made, lead = [], None
+                    for part in parts(p, optimizer.state.get(p, {}), cut, self.budget // p.element_size()):
+                        made.append(self.eager.entry(item.name, group, part, reason, lead, work=batch.work))
+                        lead = lead or made[-1]
+                entries += made
+                unflat += made
+                blocks.append(made[0])
+        for block in blocks:  # leads in order: runs of flat entries, and the first part of each other
+            leads += block if isinstance(block, list) else [block]
+        assign_slots(blocks, batch.slots(len(stats.KINDS) * len(leads)).start)
+        befores = self.fused.before(plan.chunks, copies, [e for e in unflat if e.fused], batch)
+        self.eager.before(batch, [e for e in unflat if not e.fused], grad_scale,
+                          grads=bool(self.settings.figures & {"grad_to_data", "norms", "health"}))
+        return Entries(entries, leads, unflat, befores)
+
+    @torch.no_grad()
+    def after(self, state: Any, entries: Entries, batch: stats.Batch) -> None:
+        """After the base step: the stored change of every entry and its sums into ``batch``, and the
+        families' pieces that need all of a parameter's parts (``state``: the optimizer's state)."""
+        for chunk in chunks([e for e in entries.unflat if not e.fused], self.budget):
+            self.eager.after(chunk, [e.part.refresh(state.get(e.part.whole, {})) for e in chunk], batch)
+        self.fused.after([e for e in entries.unflat if e.fused], self.plan.chunks, entries.befores, state, batch)
+        for fam in self.eager.families:
+            done = fam.done()
+            by_name = {e.name: e for e in entries.leads} if done else {}
+            for name, made in done.items():
+                for key, value in made.items():
+                    self.eager.add_piece(by_name[name], key, value)
+
+    def roster(self, entries: Entries) -> Roster:
+        """This logging step's :class:`~monitored_optim.capture.plan.Roster`: the last one where its plan
+        and the composition of its entries not captured flat are the same, else a new one."""
+        held, order = self._roster, composition(entries.unflat)
+        if held is None or held.plan is not self.plan or held.composition != order:
+            held = self._roster = Roster.of(self.plan, order, entries.leads)
+        return held
+
+    def remember(self, roster: Roster, hosted: stats.Hosted) -> None:
+        """After a logging step: the centring and snapshot rules' memories for the next one."""
+        table, named = hosted.table, roster.names
+        self.centring.update(named, roster.captured, table)  # a flat entry has no decision
+        exact = torch.full((len(named),), math.nan, dtype=torch.float64)
+        measured = [i for i in roster.captured if "exact" in hosted.pieces[i]]  # a flat entry has no pieces
+        exact[measured] = torch.tensor([hosted.pieces[i]["exact"][0] for i in measured], dtype=torch.float64)
+        self.risk.update(named, roster.position, roster.eps, table, exact)
+
+    def release(self) -> None:
+        """Let go of the parameters the plan holds."""
+        self.plan = self._roster = None
+
+
+_CLONE_VIEW = "no state-aware view for this optimizer's step"
+_SHARD = "a shard that the view cannot rebuild"
+
+
+def closure_is_first(optimizer_cls: type) -> bool:
+    """Whether the base ``step``'s first argument after ``self`` is called ``closure``."""
+    try:
+        params = list(inspect.signature(raw_step(optimizer_cls)).parameters)
+    except (TypeError, ValueError):
+        return False
+    return params[1:2] == ["closure"]
+
+
+def closure_of(args: tuple[Any, ...], kwargs: dict[str, Any], closure_first: bool) -> Callable[[], Any] | None:
+    """The closure a ``step()`` call passes, if any."""
+    closure = kwargs["closure"] if "closure" in kwargs else (args[0] if args and closure_first else None)
+    return closure if callable(closure) else None
+
+
+def with_grads_of_closure(entries: list[Entry], batch: stats.Batch, args: tuple[Any, ...], kwargs: dict[str, Any],
+                          closure_first: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The ``step()`` arguments with the closure wrapped so that the grad sums are those its first call makes.
+
+    A closure-driven step (``SGD.step(closure)``, ``LBFGS``) computes the gradient inside
+    ``step()``; what ``p.grad`` held before is stale or ``None``.
+    """
+    closure = closure_of(args, kwargs, closure_first)
+    if closure is None:
+        return args, kwargs
+    done = False
+
+    def wrapped():
+        nonlocal done
+        loss = closure()
+        if not done:
+            done = True
+            for e in entries:  # the parts of a large parameter were cut from the grad before the closure
+                if e.part is not None:
+                    e.part.regrad()
+            with torch.no_grad():
+                record_grads(batch, entries, None)
+        return loss
+
+    if "closure" in kwargs:
+        return args, {**kwargs, "closure": wrapped}
+    return (wrapped, *args[1:]), kwargs
+
+
+__all__ = ["Capture", "Workspace", "closure_is_first", "closure_of", "with_grads_of_closure"]

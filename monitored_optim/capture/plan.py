@@ -1,0 +1,294 @@
+"""The plan of a logging step: which parameters are captured, under which names, and by which route.
+
+Everything here depends on the param groups and the tensors' metadata alone, so a :class:`Plan` is
+kept across logging steps while its :func:`fingerprint` stays the same. Per parameter it holds the
+*form* the fused capture may take (:data:`FLAT`, :data:`WHOLE`, or eager) and whether it must be
+cloned; :func:`route` turns that, with what only a logging step knows (the snapshot rule's verdict,
+a dense grad), into the route the capture takes and :func:`~monitored_optim.describe.describe` shows:
+
+=================  ================================================================================
+route              p_before and u
+=================  ================================================================================
+``FLAT``           small float32/float64 parameters: p_before copied into one flat buffer per chunk
+``FUSED_COPY``     a compiled copy of p_before (the snapshot rule's), u = p_after - p_before
+``FUSED_REBUILD``  u rebuilt by the view's fused form, the store's rounding inverted, compiled
+``SNAPSHOT``       an eager copy of p_before (the snapshot rule's), u = p_after - p_before
+``VIEW``           u rebuilt by the view, the store's rounding inverted (in parts where large)
+``CLONE``          a clone of p_before: no view for this optimizer, or a shard its view cannot rebuild
+=================  ================================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .. import stats
+from ..updates import Cloned
+from .rules import LOW_PRECISION, eps as machine_eps
+from .store import Part
+
+
+@dataclass(slots=True)
+class Entry:
+    """One monitored parameter, or one part of a large one, on a logging step.
+
+    ``lead`` is the parameter's first part, which holds the slots and pieces (None for that part).
+    p_before is held in one of three fields: ``snapshot`` is the view's own (``Cloned`` where p_before
+    was copied instead of running the view), ``copy`` the snapshot rule's copy where the view is still
+    run (for ``update_lost`` and verify mode), ``clone`` verify mode's copy where there is neither;
+    :attr:`before` is whichever is exact."""
+
+    name: str
+    group: dict[str, Any]
+    p: Tensor
+    snapshot: Any
+    part: Part | None = None
+    lead: Entry | None = None
+    copy: Tensor | None = None
+    slots: dict[str, int] = field(default_factory=dict)
+    centred: dict[str, bool] = field(default_factory=dict)
+    pieces: dict[str, Tensor] = field(default_factory=dict)
+    clone: Tensor | None = None
+    extremes: Tensor | None = None
+    fused: bool = False
+    flat: Flat | None = None
+
+    @property
+    def whole(self) -> Tensor:
+        """The whole parameter this entry is (a part of)."""
+        return self.p if self.part is None else self.part.whole
+
+    @property
+    def owner(self) -> Entry:
+        """The entry that holds this part's slots and pieces."""
+        return self if self.lead is None else self.lead
+
+    @property
+    def before(self) -> Tensor | None:
+        """The exact p_before of this part, where one was taken."""
+        return self.snapshot.before if isinstance(self.snapshot, Cloned) else self.copy
+
+
+@dataclass(eq=False)
+class Entries:
+    """A logging step's entries: ``all`` in order (the parts of a large parameter one after another),
+    ``leads`` (one per parameter, the entry that holds its slots and pieces), ``unflat`` (those not
+    captured flat: a flat entry is its plan's, the same at every logging step) and ``befores``,
+    the flat copy of p_before of each of the plan's flat chunks, taken just before the step (the
+    step's own: nothing of it outlives the step)."""
+
+    all: list[Entry]
+    leads: list[Entry]
+    unflat: list[Entry]
+    befores: list[Tensor]
+
+
+@dataclass(eq=False)  # hashed by identity
+class Flat:
+    """A chunk of small parameters captured flat (``fused.flat``): its entries (those whose ``flat``
+    it is), their parameters and their lengths (element counts, as a list and as a tensor on their
+    device)."""
+
+    members: list[Entry]
+    params: list[Tensor]
+    sizes: list[int]
+    lengths: Tensor
+
+
+def names(optimizer: torch.optim.Optimizer, known: dict[int, str] | None = None) -> list[list[str]]:
+    """Each group's ``param_names``, else each parameter's name in ``known`` (id -> name from a
+    watched model), else ``param{k}`` numbered across groups.
+
+    A name given twice (two modules' ``named_parameters()`` in two groups both say ``weight``, or two
+    parameters of one group) gets ``@group{i}`` appended where it repeats (:func:`_unique`), so that
+    no figure or health count overwrites another.
+    """
+    names, k, seen, known = [], 0, set(), known or {}
+    for i, group in enumerate(optimizer.param_groups):
+        given = group.get("param_names")
+        own = list(given) if given else [known[id(p)] if id(p) in known else f"param{k + j}"
+                                         for j, p in enumerate(group["params"])]
+        if not seen.isdisjoint(own) or len(set(own)) < len(own):
+            own = _unique(own, seen, i)
+        seen.update(own)
+        names.append(own)
+        k += len(group["params"])
+    return names
+
+
+def _unique(own: list[str], seen: set[str], i: int) -> list[str]:
+    """The names of param group ``i``, each one taken before (in ``seen``, or earlier in the group:
+    two parameters, or one listed twice) with ``@group{i}`` appended, and where that is taken too,
+    also the parameter's index in the group."""
+    taken, out = set(seen), []
+    for j, n in enumerate(own):
+        if n in taken:
+            n = f"{n}@group{i}" if f"{n}@group{i}" not in taken else f"{n}@group{i}.{j}"
+        taken.add(n)
+        out.append(n)
+    return out
+
+
+_PLAIN = (Tensor, torch.nn.Parameter)
+"""Tensor types with a storage of their own (a subclass such as ``DTensor`` may have none)."""
+
+
+def fingerprint(optimizer: torch.optim.Optimizer, extra: Any) -> list[Any]:
+    """What a :class:`Plan` of ``optimizer``'s parameters is derived from: per param group its
+    identity and its ``param_names``, per parameter its identity, type, dtype, device, shape, layout
+    and data address (which parameters share storage is the plan's: ``p.data = q.data`` changes
+    it), after ``extra`` (the capture's own inputs). Two equal fingerprints give the same plan.
+    Grads are not read: no decision of the plan depends on them (each logging step reads them).
+
+    Args:
+        optimizer: any ``torch.optim.Optimizer``.
+        extra: any value compared with ``==`` (the fused ways, the clones, the known names).
+
+    Returns:
+        A list of ``1 + len(param_groups) + number of parameters`` items, compared with ``==``
+        (identities, dtypes, devices, shapes; never a tensor's values).
+    """
+    key = [extra]
+    for group in optimizer.param_groups:
+        key.append((id(group), tuple(group.get("param_names") or ())))
+        key += [(id(p), type(p), p.dtype, p.device, p.shape, p.layout,
+                 p.data_ptr() if type(p) in _PLAIN and p.layout is torch.strided else None) for p in group["params"]]
+    return key
+
+
+FLAT, FUSED_COPY, FUSED_REBUILD, SNAPSHOT, VIEW, CLONE = "flat", "fused copy", "fused rebuild", "snapshot", "view", "clone"
+"""The routes (see the module docstring)."""
+
+WHOLE = "whole"
+"""The form of a parameter the fused capture may take whole (where compiling is enabled)."""
+
+
+class Planned(NamedTuple):
+    """One monitored parameter not captured flat: its name, the tensor, the form the fused capture
+    may take (:data:`WHOLE` or None: eager) and why it is cloned, if it is (None: it is not)."""
+
+    name: str
+    p: Tensor
+    form: str | None
+    clone: str | None
+
+
+def route(planned: Planned, way: str | None, reason: str | None, dense_grad: bool) -> str:
+    """The route of ``planned`` at a logging step (the module docstring's table).
+
+    Args:
+        planned: the parameter as the plan has it.
+        way: its group's fused way (:attr:`Plan.groups`): None, ``"copy"`` or ``"rebuild"``.
+        reason: why the snapshot rule copies it at this step
+            (:func:`~monitored_optim.capture.rules.snapshot_reason`), or None.
+        dense_grad: whether it has a dense grad at this step (the fused passes read it).
+    """
+    if planned.clone is not None:
+        return CLONE
+    if planned.form == WHOLE and dense_grad:
+        if reason is not None:
+            return FUSED_COPY
+        if way == "rebuild":
+            return FUSED_REBUILD
+    return SNAPSHOT if reason is not None else VIEW
+
+
+@dataclass(eq=False)
+class Plan:
+    """What a logging step derives from the monitored parameters alone (:func:`fingerprint`), kept
+    while it stays the same. It holds the parameters and groups it lists until a logging step
+    builds another, or ``opt.monitor.close()``.
+
+    Attributes:
+        key: the :func:`fingerprint` it was built for.
+        names: each param group's parameter names (:func:`names`).
+        mask: per parameter, whether the selection chose it (None: every parameter).
+        groups: per param group, ``(group, way, items)``: its fused way (None, ``"copy"`` or
+            ``"rebuild"``) and its chosen parameters in order, as runs of consecutive ones captured
+            flat (lists of their entries) and a :class:`Planned` for each other one.
+        shared: ids of the parameters whose storage another parameter shares.
+        budget: the capture's chunk budget in bytes (:func:`~monitored_optim.capture.store.budget`).
+        chunks: the flat chunks.
+    """
+
+    key: list[Any]
+    names: list[list[str]]
+    mask: list[bool] | None
+    groups: list[tuple[dict[str, Any], str | None, list[list[Entry] | Planned]]]
+    shared: set[int]
+    budget: int
+    chunks: list[Flat]
+
+
+def assign_slots(blocks: list[Any], first: int) -> None:
+    """Give each parameter of a logging step its consecutive slots of :data:`~monitored_optim.stats.KINDS`
+    from ``first`` on, in the order of ``blocks``: runs of flat entries (lists) and the lead entry of
+    each other parameter. A run that starts at the slot it had on the last logging step keeps its
+    entries' slots (given together, the same as now)."""
+    width = len(stats.KINDS)
+    for block in blocks:
+        run = block if isinstance(block, list) else [block]
+        if run[0].slots.get("p") != first:
+            for k, e in enumerate(run):
+                e.slots = {"p": first + width * k, "grad": first + width * k + 1, "u": first + width * k + 2}
+        first += width * len(run)
+
+
+@dataclass(eq=False)
+class Roster:
+    """What a logging step's figures read of its entries that the entries' composition alone decides,
+    kept while it stays the same (:func:`composition`): per parameter (one per lead entry, in order)
+    its name, its slots, its whole shape, the rounding unit of its dtype, the identity of its param
+    group; which parameters are in bf16/fp16 (their ``update_lost``) and which were not captured
+    flat (their centring decisions are kept for the eager capture).
+
+    Attributes:
+        plan: the :class:`Plan` the entries came from.
+        composition: :func:`composition` of the entries.
+        names: ``N`` parameter names.
+        index: int64 ``(N, K)``, each parameter's slot per kind of ``stats.KINDS``.
+        shapes: ``N`` ``torch.Size``.
+        eps: float64 ``(N,)``, :func:`~monitored_optim.capture.rules.eps` of each dtype.
+        groups: ``N`` ints, ``id`` of each parameter's param group.
+        low: indices of the parameters in bf16/fp16.
+        captured: indices of the parameters not captured flat.
+        position: name -> index.
+    """
+
+    plan: Plan
+    composition: list[tuple[str, bool, bool, tuple[int, ...]]]
+    names: list[str]
+    index: Tensor
+    shapes: list[torch.Size]
+    eps: Tensor
+    groups: list[int]
+    low: list[int]
+    captured: list[int]
+    position: dict[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.position = {name: i for i, name in enumerate(self.names)}
+
+    @classmethod
+    def of(cls, plan: Plan, composition: list[tuple[str, bool, bool, tuple[int, ...]]], leads: list[Entry]
+           ) -> Roster:
+        """The roster of a logging step's ``leads`` (the entries that hold slots), from ``plan``."""
+        eps_of = {dtype: machine_eps(dtype) for dtype in {e.p.dtype for e in leads}}
+        index = torch.tensor([e.slots[kind] for e in leads for kind in stats.KINDS], dtype=torch.long)
+        eps = torch.tensor([eps_of[e.p.dtype] for e in leads], dtype=torch.float64)
+        low = [i for i, e in enumerate(leads) if e.p.dtype in LOW_PRECISION]
+        return cls(plan, composition, [e.name for e in leads], index.reshape(-1, len(stats.KINDS)),
+                   [e.whole.shape for e in leads], eps, [id(e.group) for e in leads], low,
+                   [i for i, e in enumerate(leads) if e.flat is None])
+
+
+def composition(entries: list[Entry]) -> list[tuple[str, bool, bool, tuple[int, ...]]]:
+    """What decides a logging step's :class:`Roster` beyond its plan: per entry not captured flat (a
+    flat one is the plan's own), its name, whether it leads its parameter's parts, whether the
+    fused capture takes it, and its slots (a step with a closure gives the eager capture's grads
+    slots of their own; the flat runs' slots follow from the rest)."""
+    return [(e.name, e.lead is None, e.fused, tuple(e.slots.values())) for e in entries if e.flat is None]

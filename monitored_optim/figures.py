@@ -1,0 +1,157 @@
+"""The figures of a logging step, from its host values: per parameter, global, lr, health, families.
+
+:class:`Figures` turns the step's :class:`~monitored_optim.stats.Hosted` values (one row per
+parameter, :class:`~monitored_optim.capture.plan.Roster` order) into the flat ``{tag: value}``
+dict that the backends get. Every value it sends is finite; a figure that is undefined (a ratio of
+a zero spread) is left out. Tags are those of :mod:`monitored_optim.tags`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from itertools import compress
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import families, stats
+from ._warnings import warn
+from .capture.plan import Roster
+from .config import Settings
+from .health import Checks, Health
+from .tags import DEFAULT_FAMILIES, family
+
+VERIFY_RTOL = 1e-3
+"""Verify mode's tolerance, relative to the update itself: ``||excess|| <= VERIFY_RTOL * ||u_clone||``
+(:func:`~monitored_optim.capture.store.verify_miss`)."""
+
+
+class Figures:
+    """Computes a logging step's figures; keeps what they need across steps (health, families).
+
+    Args:
+        settings: the monitor's settings (``figures``, ``verify``).
+        chosen: the figure families' instances (:func:`monitored_optim.families.build`).
+        health: the monitor's health tracker.
+    """
+
+    def __init__(self, settings: Settings, chosen: list[Any], health: Health) -> None:
+        self.settings, self.families, self.health = settings, chosen, health
+        self._verify_told: set[str] = set()
+        self._tag_names: tuple[str, ...] = ()  # the names of _tag_list: every _tags of each, in order
+        self._tag_list: list[str] = []
+
+    def compute(self, step: int, roster: Roster, hosted: stats.Hosted, optimizer: torch.optim.Optimizer,
+                lrs: list[float | None], groups: list[dict[str, Any]]) -> dict[str, float]:
+        """Every figure of the logging step ``step``.
+
+        Args:
+            step: the optimizer step (int >= 1).
+            roster: the step's parameters; ``hosted``: their host values.
+            optimizer: the optimizer; ``lrs``: each of its param groups' learning rate as a float
+                (None where it has none, :func:`group_lrs`).
+            groups: the param groups the parameters' entries belong to, in ``lrs``' order (under
+                ``torch.distributed``, the local view's).
+        """
+        table = hosted.table
+        figures = self._per_parameter(roster, hosted)
+        rest = {f"global/{kind}_norm": math.sqrt(v)
+                for kind, v in zip(("param", "grad", "update"), table.sq_norm.sum(0).tolist())}
+        rest.update(learning_rates(optimizer, lrs))
+        if "health" in self.settings.figures:  # its counts and warnings need the grads it reduces
+            rest.update(self.health.figures(_health_checks(roster.names, table), step))
+        if self.families:
+            group_lr = {id(group): lr for group, lr in zip(groups, lrs)}
+            seen = families.Step(step, roster.names, table, hosted.pieces, list(map(group_lr.get, roster.groups)),
+                                 roster.shapes)
+            for fam in self.families:
+                rest.update(fam.figures(seen))
+        figures.update((tag, value) for tag, value in rest.items() if math.isfinite(value))
+        chosen = self.settings.figures
+        if not chosen.issuperset(DEFAULT_FAMILIES):  # the others (state, spectral) only compute when chosen
+            figures = {tag: value for tag, value in figures.items() if family(tag) in chosen}
+        if self.settings.verify:
+            errors = [self._verify_error(name, *got["verify"])
+                      for name, got in zip(roster.names, hosted.pieces) if "verify" in got]
+            if errors and math.isfinite(max(errors)):
+                figures["verify/max_rel_error"] = max(errors)
+        return figures
+
+    def _per_parameter(self, roster: Roster, hosted: stats.Hosted) -> dict[str, float]:
+        """The five of :func:`_tags` (the grad's only where there was one, none undefined or not
+        finite) and ``update_lost`` in low precision."""
+        table, norm, names = hosted.table, hosted.table.norm, roster.names
+        columns = torch.stack([norm[:, 0], norm[:, 2], table.log10_ratio(2, 0),
+                               norm[:, 1], table.log10_ratio(1, 0)], 1)
+        shown = columns.isfinite()
+        shown[:, 3:] &= table.has[:, 1:2]
+        if tuple(names) != self._tag_names:  # the same parameters as the last logging step: the same tags
+            self._tag_names, self._tag_list = tuple(names), [tag for name in names for tag in _tags(name)]
+        tags = compress(self._tag_list, shown.flatten().tolist())
+        figures = dict(zip(tags, columns[shown].tolist()))
+        n = table.n[:, 0].tolist()
+        for i in roster.low:
+            got = hosted.pieces[i]
+            if "lost" in got and n[i] > 0:
+                figures[f"update_lost/{names[i]}"] = got["lost"][0] / n[i]
+        return figures
+
+    def _verify_error(self, name: str, miss: float, truth: float) -> float:
+        """Relative error of the view against the clone; warns once per parameter beyond
+        :data:`VERIFY_RTOL` of the update itself."""
+        if miss > VERIFY_RTOL * truth and name not in self._verify_told:
+            self._verify_told.add(name)
+            warn(f"monitored_optim verify: the update of {name!r} rebuilt from the optimizer state differs "
+                 f"from the clone-based truth by {miss:.3g} (norm {truth:.3g}) beyond the rounding of the stored "
+                 "value; please report it with your torch version and optimizer flags", RuntimeWarning)
+        return miss / truth if truth > 0 else (0.0 if miss == 0 else math.inf)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _tags(name: str) -> tuple[str, ...]:
+    """The per-parameter tags of ``name``, in the order of the columns of ``Figures._per_parameter``."""
+    return (f"param_norm/{name}", f"update_norm/{name}", f"update_to_data/{name}",
+            f"grad_norm/{name}", f"grad_to_data/{name}")
+
+
+def _health_checks(names: list[str], table: stats.MomentTable) -> Checks:
+    """The :class:`~monitored_optim.health.Checks` of a logging step from its table: a grad where the
+    table has one, unchanged where it had a grad and its update is all zeros, non-finite values,
+    grads (where it had one) and updates."""
+    has_grad = table.has[:, 1]
+    unchanged = has_grad & table.all_zero[:, 2] & (table.n[:, 0] > 0)
+    nonfinite = {}
+    if not table.finite.all().tolist():  # the usual case has nothing to name (tolist: no scalar read)
+        bad = ~table.finite  # a kind without values holds zeros: finite
+        rows = bad.any(1)
+        nonfinite = {names[i]: tuple(label for label, hit in zip(("value", "grad", "update"), row) if hit)
+                     for i, row in zip(rows.nonzero().flatten().tolist(), bad[rows].tolist())}
+    return Checks(names, has_grad.tolist(), unchanged.tolist(), nonfinite)
+
+
+def tensor_lrs(optimizer: torch.optim.Optimizer) -> dict[int, Tensor]:
+    """Index -> lr of each param group whose lr is a Tensor, for the logging step's host copy.
+
+    Each is a 1-D float64 tensor of one element on its device."""
+    return {i: group["lr"].detach().reshape(1).double() for i, group in enumerate(optimizer.param_groups)
+            if isinstance(group.get("lr"), Tensor)}
+
+
+def group_lrs(optimizer: torch.optim.Optimizer, read: dict[int, list[float]]) -> list[float | None]:
+    """Each param group's lr as a float: a number as it is, a Tensor lr from ``read`` (its
+    :func:`tensor_lrs` value on the host), None otherwise (``lr=None``)."""
+    return [read[i][0] if i in read else float(group["lr"]) if isinstance(group.get("lr"), (int, float)) else None
+            for i, group in enumerate(optimizer.param_groups)]
+
+
+def learning_rates(optimizer: torch.optim.Optimizer, lrs: list[float | None]) -> dict[str, float]:
+    """``lr/group{i}`` (or ``lr/{name}``) per param group, from its :func:`group_lrs` ``lrs``."""
+    return {f"lr/{_group_label(i, group)}": lr for i, (group, lr) in enumerate(zip(optimizer.param_groups, lrs))
+            if lr is not None}
+
+
+def _group_label(i: int, group: dict[str, Any]) -> str:
+    """A param group's ``name`` where it is a string, else ``group{i}``."""
+    return group["name"] if isinstance(group.get("name"), str) else f"group{i}"
