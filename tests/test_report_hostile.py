@@ -97,9 +97,7 @@ READABLE = {
     "a negative one": GOOD.replace("}", ', "update_to_data/fc2.weight": -1' + "0" * 400 + "}"),
     "blank lines around": "\n \n" + GOOD + "\n\t\n",
     "a UTF-8 byte order mark": "\ufeff" + GOOD,
-    # the cut last line of a killed run is skipped, however it was cut
-    "a cut deep last line": GOOD + '{"step": 2, "update_to_data/fc1.weight": ' + "[" * DEEP,
-    "a cut deep last object": GOOD + '{"step": 2, "a": ' + '{"a": ' * DEEP,
+    "a cut last row": GOOD + '{"step": 2, "update_to_data/fc1.weight": -2.',
 }
 
 
@@ -135,6 +133,9 @@ FAILING = {
     "a deep object value": ('{"step": 1, "a": ' + deep('{"a": ', "}") + "}\n", ":1: corrupt line"),
     "a deep line after a good one": (GOOD + DEEP_LINE, ":2: corrupt line"),
     "a deep line between good ones": (GOOD + DEEP_LINE + GOOD.replace('"step": 1', '"step": 3'), ":2: corrupt line"),
+    # no row the monitor writes is nested: a deep line is no row cut short, however it ends
+    "a deep last line, cut": (GOOD + '{"step": 2, "update_to_data/fc1.weight": ' + "[" * DEEP, ":2: corrupt line"),
+    "a deep last object, cut": (GOOD + '{"step": 2, "a": ' + '{"a": ' * DEEP, ":2: corrupt line"),
     "a 50 MB string value": ('{"step": 1, "update_to_data/fc1.weight": "' + HUGE + '"}\n', "not a number"),
     "a huge string step": ('{"step": "' + BIG + '", "update_to_data/fc1.weight": -3.0}\n', '"step" is'),
     "a huge tag with a bad value": ('{"step": 1, "update_to_data/' + "w" * 1_000_000 + '": "x"}\n', "not a number"),
