@@ -8,20 +8,44 @@ works headless and inside a process that uses another matplotlib backend.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 from ..grouping import depth_key
-from .errors import ReportError, require
+from .errors import ReportError, quote, reason, require
 from .read import Run
 from .summary import HEALTHY_BAND, REFERENCE, Param, kind_of, parameters, rows_noun
+from .table import shorten
 
 LINES = 10
 """Parameters the line plot draws by default: the matrices with the highest and the lowest median
 update-to-data ratio (half each), so that every curve has its own colour and legend entry."""
+LABEL = 60
+"""Characters of a parameter's label in a legend or beside a heatmap row at most (shortened in the
+middle as in the table)."""
 
 
+def _drawing(plot: Callable[..., Path]) -> Callable[..., Path]:
+    """``plot(run, path, ...)`` raising one :class:`ReportError` naming ``path`` for what matplotlib
+    refuses (figures whose span overflows float64, a suffix it has no format for), without numpy's
+    float warnings from inside matplotlib on such figures."""
+
+    @functools.wraps(plot)
+    def guarded(run: Run, path: str | Path, **options) -> Path:
+        np = require("numpy", "matplotlib")  # installed with matplotlib
+        try:
+            with np.errstate(all="ignore"):
+                return plot(run, path, **options)
+        except (ValueError, OverflowError) as exc:
+            raise ReportError(f"{path}: cannot draw the plot ({reason(exc)})") from None
+
+    return guarded
+
+
+@_drawing
 def plot_run(run: Run, path: str | Path, *, params: str | None = None, dpi: int = 110) -> Path:
     """Draw the update-to-data ratio of a few parameters and the global norms; save it at ``path``
     (format from the suffix, e.g. ``.png``).
@@ -46,8 +70,8 @@ def plot_run(run: Run, path: str | Path, *, params: str | None = None, dpi: int 
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ReportError: matplotlib is not installed, ``params`` matches no parameter with a ratio, or
-            the file cannot be written.
+        ReportError: matplotlib is not installed, ``params`` matches no parameter with a ratio, the
+            figures cannot be drawn (a span beyond float64) or the file cannot be written.
     """
     require("matplotlib", "matplotlib")
     chosen = _chosen(run, params)
@@ -62,6 +86,7 @@ def plot_run(run: Run, path: str | Path, *, params: str | None = None, dpi: int 
     return _save(fig, path, dpi)
 
 
+@_drawing
 def plot_heatmap(run: Run, path: str | Path, *, dpi: int = 110) -> Path:
     """Draw every parameter's update-to-data ratio as a heatmap and save it at ``path``.
 
@@ -81,8 +106,8 @@ def plot_heatmap(run: Run, path: str | Path, *, dpi: int = 110) -> Path:
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ReportError: matplotlib or numpy is missing, the run has no ratios, or the file cannot be
-            written.
+        ReportError: matplotlib or numpy is missing, the run has no ratios, the ratios cannot be
+            drawn (a span beyond float64) or the file cannot be written.
     """
     require("matplotlib", "matplotlib")
     import numpy as np
@@ -136,8 +161,8 @@ def _save(fig, path: str | Path, dpi: int) -> Path:
     path = Path(path)
     try:
         fig.savefig(path, dpi=dpi, bbox_inches="tight")
-    except (OSError, ValueError) as exc:
-        raise ReportError(f"{path}: cannot write the plot ({type(exc).__name__}: {exc})") from None
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot write the plot ({reason(exc)})") from None
     return path
 
 
@@ -157,8 +182,8 @@ def _chosen(run: Run, pattern: str | None) -> list[Param]:
     if pattern is not None:
         picked = [p for p in params if fnmatch.fnmatchcase(p.label, pattern)]
         if not picked:
-            raise ReportError(f"{run.path}: --params {pattern!r} matches no parameter with an update-to-data "
-                              f"ratio (labels look like {params[0].label!r})" if params else
+            raise ReportError(f"{run.path}: --params {quote(pattern)} matches no parameter with an update-to-data "
+                              f"ratio (labels look like {quote(params[0].label)})" if params else
                               f"{run.path}: no update-to-data ratios to draw")
         return picked
     if len(params) <= LINES:
@@ -181,7 +206,8 @@ def _by_depth(params: list[Param]) -> list[Param]:
 def _label_rows(ax, rows: list[Param]) -> None:
     """Each row's label when they fit, else each kind of layer's label at its first row."""
     if len(rows) <= 60:
-        ax.set_yticks(range(len(rows)), [p.label for p in rows], fontsize=max(5.0, 8.0 - len(rows) / 15))
+        labels = [shorten(p.label, LABEL) for p in rows]
+        ax.set_yticks(range(len(rows)), labels, fontsize=max(5.0, 8.0 - len(rows) / 15))
         return
     ticks, labels, seen, gap = [], [], set(), len(rows) / 40  # at most about 40 labels a panel
     for i, p in enumerate(rows):
@@ -191,7 +217,7 @@ def _label_rows(ax, rows: list[Param]) -> None:
             ax.axhline(i - 0.5, color="white", lw=0.4)
             if not ticks or i - ticks[-1] >= gap:  # a label only where it does not overlap the last
                 ticks.append(i)
-                labels.append(key)
+                labels.append(shorten(key, LABEL))
     ax.set_yticks(ticks, labels, fontsize=6)
 
 
@@ -214,8 +240,9 @@ def _draw_ratios(ax, run: Run, params: list[Param]) -> None:
         every_value += values
         marker = "o" if len(steps) == 1 else None  # a single point draws no line
         matrix = kind_of(run, p) == "matrix"
+        label = shorten(p.label, LABEL) + ("" if matrix else " (vector)")
         ax.plot(steps, values, color=palette(i % palette.N), ls="-" if matrix else "--", lw=1.8 if matrix else 1.0,
-                alpha=0.95, marker=marker, label=p.label + ("" if matrix else " (vector)"), zorder=3 if matrix else 2)
+                alpha=0.95, marker=marker, label=label, zorder=3 if matrix else 2)
     ax.set_ylabel("log10(std(update) / std(weights))")
     ax.grid(True, alpha=0.25)
     ax.set_ylim(min(every_value) - 0.25, max(every_value) + 0.25)

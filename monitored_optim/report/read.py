@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..grouping import STATS
 from ..tags import is_series, split as split_tag
-from .errors import ReportError, require
+from .errors import ReportError, quote, reason, require
 
 EXPECTED = "a run directory with metrics.jsonl or TensorBoard event files (events.out.tfevents.*)"
 EVENT_GLOB = "events.out.tfevents.*"
@@ -90,18 +90,19 @@ def load_run(run_dir: str | Path) -> Run:
         raise ReportError(f"{path}: found no metrics.jsonl and no TensorBoard event files; "
                           f"expected {EXPECTED}{_hint_subdirectories(path)}")
     if not run.steps:
-        other = f" (only other writers' tags, such as {next(iter(run.series))!r})" if run.series else ""
+        other = f" (only other writers' tags, such as {quote(next(iter(run.series)))})" if run.series else ""
         raise ReportError(f"{where}: no monitored_optim figures in the {run.source} log{other}; expected {EXPECTED}")
     run.kinds = _read_kinds(path / "params.json")
     return run
 
 
 def _read_kinds(path: Path) -> dict[str, str]:
-    """Label -> kind from ``params.json`` (written by the monitor); empty if missing or unreadable."""
+    """Label -> kind from ``params.json`` (written by the monitor); empty if missing, unreadable or not
+    the monitor's shape (optional metadata: the kinds are then guessed from the names)."""
     try:
-        described = json.loads(path.read_text())
+        described = json.loads(path.read_text(encoding="utf-8"))
         return {label: str(info["kind"]) for label, info in described.items()}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return {}
 
 
@@ -130,9 +131,9 @@ def _read_jsonl(run_dir: Path, file: Path) -> Run:
     malformed line raises :class:`ReportError` naming ``file:line``.
     """
     try:
-        text = file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8-sig")  # a byte order mark, if any, is no part of line 1
     except (OSError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{file}: cannot read ({_reason(exc)}); expected {EXPECTED}") from None
+        raise ReportError(f"{file}: cannot read ({reason(exc)}); expected {EXPECTED}") from None
     lines = text.split("\n")
     records: list[tuple[int, dict[str, float]]] = []
     for number, line in enumerate(lines, start=1):
@@ -174,20 +175,30 @@ def _is_cut(line: str) -> bool:
 
 
 def _parse_record(line: str) -> tuple[int, dict[str, float]]:
-    """``(step, {tag: value})`` from one JSONL line; ``ValueError`` saying what is wrong."""
-    obj = json.loads(line)  # json.JSONDecodeError is a ValueError
+    """``(step, {tag: value})`` from one JSONL line; ``ValueError`` saying what is wrong.
+
+    The step is a 64-bit integer (as TensorBoard's); a value is a JSON number, one beyond float64's
+    range infinite (as JSON's ``1e999`` reads), so left out like ``NaN``.
+    """
+    try:
+        obj = json.loads(line)  # json.JSONDecodeError is a ValueError
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise ValueError(f"a JSON {type(obj).__name__}, not an object")
     step = obj.get("step")
-    if isinstance(step, bool) or not isinstance(step, int):
-        raise ValueError(f'"step" is {step!r}, not an integer')
+    if isinstance(step, bool) or not isinstance(step, int) or not -2**63 <= step < 2**63:
+        raise ValueError(f'"step" is {quote(step)}, not a 64-bit integer')
     figures = {}
     for tag, value in obj.items():
         if tag == "step":
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{tag!r} is {value!r}, not a number")
-        figures[tag] = float(value)
+            raise ValueError(f"{quote(tag)} is {quote(value)}, not a number")
+        try:
+            figures[tag] = float(value)
+        except OverflowError:  # an integer beyond float64
+            figures[tag] = math.inf if value > 0 else -math.inf
     return step, figures
 
 
@@ -200,7 +211,7 @@ def _read_tensorboard(run_dir: Path) -> Run:
         tags = list(acc.Tags().get("scalars", []))
         events = {tag: acc.Scalars(tag) for tag in tags}
     except Exception as exc:  # the reader raises assorted errors (DataLossError, OSError, ...)
-        raise ReportError(f"{run_dir}: unreadable TensorBoard event files ({_reason(exc)}); "
+        raise ReportError(f"{run_dir}: unreadable TensorBoard event files ({reason(exc)}); "
                           f"expected {EXPECTED}") from None
     tags = [t for t in tags if events[t]]
     if not tags:
@@ -249,9 +260,3 @@ def _depth_medians(series: dict[str, dict[int, float]]) -> dict[str, dict[int, f
             continue
         out[tag] = points
     return out
-
-
-def _reason(exc: BaseException) -> str:
-    """A short one-line reason from an exception."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -20,8 +20,9 @@ WIDTH = 80
 
 def render(summary: Summary, width: int = WIDTH) -> list[RenderableType]:
     """The report as ``rich`` renderables: a title line (the run, its source and logged steps), the
-    per-parameter table, a note on the window, the latest
-    global figures, and the run-wide ``health/`` counts (when the run logged them; non-zero in red).
+    per-parameter table, a note on the window, the latest global figures, and the run-wide ``health/``
+    counts (when the run logged them; non-zero in red), their tags shortened in the middle to fit
+    ``width`` as names are.
 
     Table columns: ``#`` (layer order), ``parameter`` (shortened in the middle to fit ``width``,
     keeping the layer index and the end: ``tran…11.attn.c_attn.weight``), ``u/d`` median and latest
@@ -41,7 +42,7 @@ def render(summary: Summary, width: int = WIDTH) -> list[RenderableType]:
 
     window = summary.window
     span = f"steps {window[0]}-{window[-1]}" if len(window) > 1 else f"step {window[0]}"
-    room = max(len(layer.name) for layer in summary.layers) if summary.layers else 9
+    room = min(max(len(layer.name) for layer in summary.layers), width) if summary.layers else 9
     table = _table(summary, room)
     while (excess := _width(table) - width) > 0 and room > 12:  # names give way, nothing else
         room = max(12, room - excess)
@@ -52,11 +53,13 @@ def render(summary: Summary, width: int = WIDTH) -> list[RenderableType]:
         f"median: healthy band [{HEALTHY_BAND[0]:g}, {HEALTHY_BAND[1]:g}], rule of thumb {REFERENCE:g}. "
         "Vectors (biases, norm gains) are not judged by the band: their small spread makes their "
         "ratio read higher; watch their trend.[/dim]")]
-    glob = [(f"{tag} {_plain(f.latest)}", f"{escape(tag)} {_norm(f.latest)}") for tag, f in summary.globals.items()]
+    tag_room = max(width - 12, 12)  # a tag and its value on one line
+    latest = [(shorten(tag, tag_room), f.latest) for tag, f in summary.globals.items()]
+    glob = [(f"{tag} {_plain(value)}", f"{escape(tag)} {_norm(value)}") for tag, value in latest]
     if glob:
         out.append(_pack("latest:", glob, width))
     if summary.health:
-        counts = [_health(_health_label(tag), count) for tag, count in summary.health.items()]
+        counts = [_health(shorten(_health_label(tag), tag_room), count) for tag, count in summary.health.items()]
         out.append(_pack("health, latest (max over the window):", counts, width))
     return out
 
