@@ -1,9 +1,9 @@
 """Sharded and replicated training: every figure describes the whole parameter, written once.
 
-Under ``torch.distributed`` each rank holds a piece of each parameter, or a copy of it. On a
+Under ``torch.distributed`` each rank holds a shard of each parameter, or a copy of it. On a
 logging step the monitor reads, through :attr:`Sharding.local`, only plain local tensors: the views
-rebuild the update of the local piece, and :func:`monitored_optim.stats.moments` reduces p_before,
-grad and update of the local piece to ``(mean, m2)`` exactly as in the single-process path (no
+rebuild the update of the local shard, and :func:`monitored_optim.stats.moments` reduces p_before,
+grad and update of the local shard to ``(mean, m2)`` exactly as in the single-process path (no
 DTensor reduction, so no hidden collective). :meth:`Sharding.reduce` turns them into weighted power
 sums in float64
 
@@ -14,10 +14,10 @@ reduction, :mod:`monitored_optim.pieces`) and calls **one** ``all_reduce(SUM)`` 
 then copies the table to the host once. For the whole parameter of N elements,
 ``mean = Σx / N`` and ``m2 = Σx² - Σx·mean`` (Chan, Golub & LeVeque 1979, in power-sum form).
 Precision: the float64 cancellation costs ``~1e-16·(mean/std)²`` of m2 (1e-8 for a LayerNorm weight
-near 1.0 with std 1e-4); the float32 rounding δ of each piece's mean costs ``~2·δ·Δμ/std²`` (Δμ the
-gap between the pieces' means), ~1e-5 of m2 for that weight on 256-element shards.
+near 1.0 with std 1e-4); the float32 rounding δ of each shard's mean costs ``~2·δ·Δμ/std²`` (Δμ the
+gap between the shards' means), ~1e-5 of m2 for that weight on 256-element shards.
 
-The weight ``w`` of a local piece is ``1 / (number of ranks holding that same piece)``, so that every
+The weight ``w`` of a local shard is ``1 / (number of ranks holding that same shard)``, so that every
 element of every parameter counts exactly once over the world of ``W`` ranks:
 
 =====================================================  ==========================================
@@ -37,14 +37,14 @@ ZeRO inner optimizer (``optimizer_class=Monitored(…)``)  ``G / W`` on the rank
                                                         ZeRO's group of size G, 0 elsewhere
 =====================================================  ==========================================
 
-Uneven and empty shards need nothing special: an empty piece contributes ``n = 0`` (its NaN mean is
-masked). A piece missing on a rank (no grad on an empty FSDP1 shard, an unchanged piece) counts as
+Uneven and empty shards need nothing special: an empty shard contributes ``n = 0`` (its NaN mean is
+masked). A value missing on a rank (no grad on an empty FSDP1 shard, an unchanged shard) counts as
 zeros there; a grad exists if any rank had one. Every rank always joins the collective, whatever it
 holds, and builds the same table layout (the same parameters in the same order, for a ZeRO inner
 optimizer ZeRO's full list); a fingerprint of the names travels in the table, and a rank that failed
 to build its part still joins with a failure flag, so a disagreement or a failure raises on every
 rank instead of hanging or mixing up figures. Views that are not element-wise (Muon, Adafactor)
-cannot rebuild a shard's update from the shard: split parameters get a clone of their local piece
+cannot rebuild a shard's update from the shard: split parameters get a clone of their local shard
 (:meth:`Sharding.cloned`). Only rank 0 of the default group writes to the backends
 (:func:`is_writer`); every rank gets the global figures.
 
@@ -112,11 +112,11 @@ class Sharding:
         local: an optimizer-like object (``param_groups``, ``state``, ``defaults``) for the monitor to
             read instead of the optimizer: the same groups (for a ZeRO inner optimizer, ZeRO's groups
             with every parameter, so that all ranks see the same list), each parameter replaced by
-            its local piece as a plain tensor (a detached alias of the DTensor's local tensor, or of
+            its local shard as a plain tensor (a detached alias of the DTensor's local tensor, or of
             the FSDP1 flat shard without padding) whose ``.grad`` is the matching local grad; the
-            ``state`` mapping answers for a local piece with the state of its parameter, each
+            ``state`` mapping answers for a local shard with the state of its parameter, each
             ``DTensor`` in it replaced by its local tensor. Plain tensors are passed through as is.
-        weights: ``list[float]``, the weight w of each parameter's local piece, in ``local`` order.
+        weights: ``list[float]``, the weight w of each parameter's local shard, in ``local`` order.
         world: number of ranks W of the default group.
 
     Raises:
@@ -138,73 +138,73 @@ class Sharding:
         self.left_out: set[str] = set()
         groups = []
         for group in source.param_groups:
-            pieces = []
+            shards = []
             for p in group["params"]:
-                piece, weight, valid = self._piece(p, optimizer, zero)
-                self._orig[id(piece)] = p
-                if piece is not p:
-                    self._grad_seen[id(piece)] = p.grad
-                self._slot[id(piece)] = len(self.weights)
+                shard, weight, valid = self._shard(p, optimizer, zero)
+                self._orig[id(shard)] = p
+                if shard is not p:
+                    self._grad_seen[id(shard)] = p.grad
+                self._slot[id(shard)] = len(self.weights)
                 if valid is not None:
-                    self._narrow[id(piece)] = valid
+                    self._narrow[id(shard)] = valid
                 if _is_split(p, zero):
-                    self._split.add(id(piece))
+                    self._split.add(id(shard))
                 self.weights.append(weight)
-                pieces.append(piece)
-            groups.append({**group, "params": pieces})
+                shards.append(shard)
+            groups.append({**group, "params": shards})
         self.local = _LocalOptimizer(groups, _LocalState(self), optimizer.defaults)
 
-    def _piece(self, p: Tensor, optimizer: torch.optim.Optimizer,
+    def _shard(self, p: Tensor, optimizer: torch.optim.Optimizer,
                zero: Any) -> tuple[Tensor, float, int | None]:
-        """(local piece, weight, valid numel when the piece narrows away FSDP1 padding)."""
+        """(local shard, weight, valid numel when the shard narrows away FSDP1 padding)."""
         if zero is not None:
             owner = zero._param_to_rank.get(p)
             return p, (zero.world_size / self.world if owner == zero.rank else 0.0), None
         if _is_dtensor(p):
-            return _dtensor_piece(p), _dtensor_pieces(p) / self.world, None
+            return _dtensor_shard(p), _dtensor_shards(p) / self.world, None
         if getattr(p, "_fsdp_flattened", False):
             unit = _fsdp1_unit(p)
             if unit is not None:
-                weight = _fsdp1_pieces(unit) / self.world
+                weight = _fsdp1_shards(unit) / self.world
                 padded = getattr(p, "_shard_numel_padded", 0) if p is unit._handle.flat_param else 0
                 if padded:
                     valid = p.numel() - padded
-                    piece = p.detach()[:valid]
-                    _set_local_grad(piece, p, valid)
-                    return piece, weight, valid
+                    shard = p.detach()[:valid]
+                    _set_local_grad(shard, p, valid)
+                    return shard, weight, valid
                 return p, weight, None
         return p, 1.0 / self.world, None
 
     def cloned(self, view: Any) -> frozenset[int]:
-        """The ids of the local pieces whose update ``view`` cannot rebuild: shards of split parameters
+        """The ids of the local shards whose update ``view`` cannot rebuild: shards of split parameters
         (a sharded DTensor, an FSDP1 shard) where the view is not element-wise (Muon's Newton-Schulz on
         the whole matrix, Adafactor's row and column means). The capture's plan clones them: exact,
         one copy of the shard on logging steps. Whole parameters (replicas, ZeRO) keep the view."""
         return frozenset() if elementwise(view) else frozenset(self._split)
 
-    def refresh_grad(self, piece: Tensor) -> None:
-        """Point ``piece.grad`` at the parameter's current grad, if a closure made a new one.
+    def refresh_grad(self, shard: Tensor) -> None:
+        """Point ``shard.grad`` at the parameter's current grad, if a closure made a new one.
 
         The capture reads ``state`` just before each view call."""
-        if id(piece) in self._grad_seen:
-            p = self.original(piece)
-            if p.grad is not self._grad_seen[id(piece)]:
-                self._grad_seen[id(piece)] = p.grad
-                self._regrad.add(id(piece))
-                _set_local_grad(piece, p, self._narrow.get(id(piece)))
+        if id(shard) in self._grad_seen:
+            p = self.original(shard)
+            if p.grad is not self._grad_seen[id(shard)]:
+                self._grad_seen[id(shard)] = p.grad
+                self._regrad.add(id(shard))
+                _set_local_grad(shard, p, self._narrow.get(id(shard)))
 
-    def original(self, piece: Tensor) -> Tensor:
-        """The parameter whose local piece is ``piece``."""
-        return self._orig.get(id(piece), piece)
+    def original(self, shard: Tensor) -> Tensor:
+        """The parameter whose local shard is ``shard``."""
+        return self._orig.get(id(shard), shard)
 
-    def localize_state(self, piece: Tensor, state: dict[str, Any]) -> dict[str, Any]:
-        """``state`` as ``piece`` sees it: local tensors of DTensors, FSDP1 shards narrowed like it.
+    def localize_state(self, shard: Tensor, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` as ``shard`` sees it: local tensors of DTensors, FSDP1 shards narrowed like it.
 
         A plain state dict is returned as is."""
-        valid = self._narrow.get(id(piece))
+        valid = self._narrow.get(id(shard))
         if valid is None and not any(_is_dtensor(v) for v in state.values()):
             return state
-        full = self.original(piece).shape
+        full = self.original(shard).shape
         out = {}
         for key, value in state.items():
             if _is_dtensor(value):
@@ -224,8 +224,8 @@ class Sharding:
 
         Args:
             entries: the monitor's entries, in :attr:`local` order; each has ``.name``, ``.p`` (a local
-                piece from :attr:`local`) and ``.pieces``, a dict of float64 device tensors computed
-                from the local piece: ``"p"``, ``"grad"``, ``"u"`` (``(mean, m2)`` from
+                shard from :attr:`local`) and ``.pieces``, a dict of float64 device tensors computed
+                from the local shard: ``"p"``, ``"grad"``, ``"u"`` (``(mean, m2)`` from
                 :func:`~monitored_optim.stats.moments`, shape ``(2,)``), ``"lost"`` (a count, shape
                 ``(1,)``), ``"exact"`` (a sum, :func:`~monitored_optim.capture.rules.at_powers_of_two`, shape
                 ``(1,)``), ``"verify"`` (two L2 norms, shape ``(2,)``). A piece may be missing on a
@@ -292,7 +292,7 @@ class Sharding:
             slot = self._slot.get(id(e.p))
             if slot is None:
                 raise KeyError(f"entry {getattr(e, 'name', '?')!r} is not a parameter of this step's Sharding.local")
-            if id(e.p) in self._regrad:  # a closure made a new grad inside step(): the piece saw it late
+            if id(e.p) in self._regrad:  # a closure made a new grad inside step(): the shard saw it late
                 e.pieces.pop("grad", None)
                 if e.p.grad is not None:
                     e.pieces["grad"] = stats.moments(e.p.grad)
@@ -363,25 +363,25 @@ class _LocalOptimizer:
 
 
 class _LocalState:
-    """``state`` of :attr:`Sharding.local`: read-only, keyed by local piece, read at call time (the
+    """``state`` of :attr:`Sharding.local`: read-only, keyed by local shard, read at call time (the
     optimizer creates its state lazily during the first step)."""
 
     def __init__(self, sharding: Sharding) -> None:
         self._sharding = sharding
 
-    def get(self, piece: Tensor, default: Any = None) -> Any:
-        self._sharding.refresh_grad(piece)
-        state = self._sharding._state.get(self._sharding.original(piece))
-        return default if state is None else self._sharding.localize_state(piece, state)
+    def get(self, shard: Tensor, default: Any = None) -> Any:
+        self._sharding.refresh_grad(shard)
+        state = self._sharding._state.get(self._sharding.original(shard))
+        return default if state is None else self._sharding.localize_state(shard, state)
 
-    def __getitem__(self, piece: Tensor) -> Any:
-        state = self.get(piece)
+    def __getitem__(self, shard: Tensor) -> Any:
+        state = self.get(shard)
         if state is None:
-            raise KeyError(piece)
+            raise KeyError(shard)
         return state
 
-    def __contains__(self, piece: object) -> bool:
-        return isinstance(piece, Tensor) and self.get(piece) is not None
+    def __contains__(self, shard: object) -> bool:
+        return isinstance(shard, Tensor) and self.get(shard) is not None
 
 
 def _is_split(p: Tensor, zero: Any) -> bool:
@@ -389,10 +389,10 @@ def _is_split(p: Tensor, zero: Any) -> bool:
     if zero is not None:
         return False
     if _is_dtensor(p):
-        return _dtensor_pieces(p) > 1
+        return _dtensor_shards(p) > 1
     if getattr(p, "_fsdp_flattened", False):
         unit = _fsdp1_unit(p)
-        return unit is not None and _fsdp1_pieces(unit) > 1
+        return unit is not None and _fsdp1_shards(unit) > 1
     return False
 
 
@@ -401,33 +401,33 @@ def _is_dtensor(x: object) -> bool:
     return dtensor is not None and isinstance(x, dtensor.DTensor)
 
 
-def _dtensor_pieces(p: Tensor) -> int:
-    """Number of distinct pieces of a DTensor: the product of the mesh sizes of its non-Replicate,
+def _dtensor_shards(p: Tensor) -> int:
+    """Number of distinct shards of a DTensor: the product of the mesh sizes of its non-Replicate,
     non-Partial dimensions (``_StridedShard.is_shard()`` is False in torch 2.13, hence the negation)."""
     mesh = p.device_mesh
     return math.prod(mesh.size(d) for d, pl in enumerate(p.placements)
                      if not (pl.is_replicate() or pl.is_partial()))
 
 
-def _dtensor_piece(p: Tensor) -> Tensor:
+def _dtensor_shard(p: Tensor) -> Tensor:
     """A plain alias of the DTensor's local tensor, with the grad laid out like ``p`` as its ``.grad``."""
-    piece = p.to_local().detach()
-    _set_local_grad(piece, p, None)
-    return piece
+    shard = p.to_local().detach()
+    _set_local_grad(shard, p, None)
+    return shard
 
 
-def _set_local_grad(piece: Tensor, p: Tensor, valid: int | None) -> None:
-    """``piece.grad`` = the local part of ``p.grad`` matching ``piece`` (``None`` without a grad).
+def _set_local_grad(shard: Tensor, p: Tensor, valid: int | None) -> None:
+    """``shard.grad`` = the local part of ``p.grad`` matching ``shard`` (``None`` without a grad).
 
     A DTensor grad laid out unlike ``p`` (a ``Partial`` sum) is redistributed to ``p``'s placements
     first: one collective, only then. ``valid`` narrows an FSDP1 flat shard's grad past its padding.
 
     Raises:
-        RuntimeError: the local grad's shape differs from the local piece's.
+        RuntimeError: the local grad's shape differs from the local shard's.
     """
     g = p.grad
     if g is None:
-        piece.grad = None
+        shard.grad = None
         return
     if _is_dtensor(g):
         if tuple(g.placements) != tuple(p.placements) or g.device_mesh != p.device_mesh:
@@ -435,10 +435,10 @@ def _set_local_grad(piece: Tensor, p: Tensor, valid: int | None) -> None:
         g = g.to_local()
         g = g.wait() if hasattr(g, "wait") else g
     g = g.detach() if valid is None else g.detach()[:valid]
-    if g.shape != piece.shape:
+    if g.shape != shard.shape:
         raise RuntimeError(f"monitored_optim: the local grad of a sharded parameter has shape "
-                           f"{tuple(g.shape)}, its local piece {tuple(piece.shape)}")
-    piece.grad = g
+                           f"{tuple(g.shape)}, its local shard {tuple(shard.shape)}")
+    shard.grad = g
 
 
 def _no_partial(placements: tuple[Any, ...]) -> list[Any]:
@@ -475,8 +475,8 @@ def _fsdp1_unit(p: Tensor) -> Any:
     return None if unit is _NO_UNIT else unit
 
 
-def _fsdp1_pieces(unit: Any) -> int:
-    """Distinct pieces of an FSDP1 unit's parameters: its sharding group's size, 1 for ``NO_SHARD``."""
+def _fsdp1_shards(unit: Any) -> int:
+    """Distinct shards of an FSDP1 unit's parameters: its sharding group's size, 1 for ``NO_SHARD``."""
     from torch.distributed.fsdp import ShardingStrategy
 
     if unit.sharding_strategy == ShardingStrategy.NO_SHARD:
