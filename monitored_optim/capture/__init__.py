@@ -16,7 +16,10 @@ Words used throughout:
   view's update, the store's rounding undone;
 * *view*: the object that rebuilds an optimizer's update from its state (:mod:`monitored_optim.updates`);
 * *flat chunk*: small parameters laid end to end and measured together;
-* *piece*: a per-parameter device value besides the moments, keyed, with a declared reduction.
+* *kind*: one of the three tensors measured per parameter, p_before, grad and u (``stats.KINDS``);
+* *piece*: a per-parameter device value besides the moments, keyed, with a declared reduction
+  (:mod:`monitored_optim.pieces`);
+* *shard*: the part of a parameter one rank holds under ``torch.distributed``.
 """
 
 from __future__ import annotations
