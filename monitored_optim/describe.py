@@ -46,12 +46,13 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, names: list[list[st
         hyper = ", ".join(f"{k}={_short(v)}" for k, v in group.items() if k not in ("params", "param_names"))
         lines.append(f"  group {i} ({len(group['params'])} parameters): {hyper}")
     shared = capture.shared(p for group in optimizer.param_groups for p in group["params"])
-    named = [(n, p) for group, group_names in zip(optimizer.param_groups, names) for n, p in zip(group_names, group["params"])]
-    budget = capture.budget(sum(p.numel() * p.element_size() for n, p in named if monitor.settings.select(n, p)))
+    named = [(n, p, group) for group, group_names in zip(optimizer.param_groups, names)
+             for n, p in zip(group_names, group["params"])]
+    budget = capture.budget(sum(p.numel() * p.element_size() for n, p, _ in named if monitor.settings.select(n, p)))
     rows = [("parameter", "shape", "dtype", "kind", "capture")]
-    for name, p in named:
+    for name, p, group in named:
         rows.append((name, "x".join(map(str, p.shape)) or "scalar", str(p.dtype).replace("torch.", ""),
-                     "matrix" if p.dim() >= 2 else "vector", _capture(monitor, name, p, shared, budget)))
+                     "matrix" if p.dim() >= 2 else "vector", _capture(monitor, name, p, group, shared, budget)))
     widths = [max(len(row[c]) for row in rows) for c in range(4)]
     lines.append("")
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows]
@@ -79,7 +80,7 @@ def write_shapes(path: Path, prefix: str, params: list[tuple[str, torch.Tensor, 
         warn(f"monitored_optim: cannot write {str(path)!r} ({type(err).__name__}: {err})", RuntimeWarning)
 
 
-def _capture(monitor: Any, name: str, p: torch.Tensor, shared: set[int], budget: int) -> str:
+def _capture(monitor: Any, name: str, p: torch.Tensor, group: dict[str, Any], shared: set[int], budget: int) -> str:
     if not (p.is_floating_point() or p.is_complex()):
         return "skipped (integer tensor: never stepped)"
     if not monitor.settings.select(name, p):
@@ -93,7 +94,7 @@ def _capture(monitor: Any, name: str, p: torch.Tensor, shared: set[int], budget:
     reason = capture.snapshot_reason(p, id(p) in shared, name in monitor._risk)
     if reason is not None:
         return f"snapshot ({reason}){compiled}"
-    if compiled and getattr(monitor.view, "fused", None) is not None:
+    if compiled and monitor.view.keeps_grad(group) and monitor.view.fusable(group):
         return f"view ({type(monitor.view).__name__}){compiled}"
     limit = budget // p.element_size()
     slices = -(-p.numel() // limit) if elementwise(monitor.view) and p.numel() > limit else 1

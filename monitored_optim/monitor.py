@@ -366,10 +366,9 @@ class Monitor:
         optimizer of unknown code, or a step that rewrites ``p.grad``, whose sums must then be taken
         before it), ``"copy"`` (flat small parameters, and snapshots where compiling is enabled) or
         ``"rebuild"`` (also the view's fused form, ``updates``' ``fused``)."""
-        if self.view is CLONE or not getattr(self.view, "keeps_grad", lambda g: True)(group):
+        if self.view is CLONE or not self.view.keeps_grad(group):
             return None
-        fusable = getattr(self.view, "fusable", None)
-        return "rebuild" if fusable is not None and fusable(group) else "copy"
+        return "rebuild" if self.view.fusable(group) else "copy"
 
     def _fusable(self, p: Tensor) -> str | None:
         """Whether the fused capture may take ``p`` where its group's :meth:`_fusion` allows it, from
@@ -562,7 +561,7 @@ class Monitor:
                       grads: list[Tensor], extremes: list[Tensor]) -> Tensor:
         """:func:`~monitored_optim.fused.inverted` of a chunk through the view's fused form, or, where
         it has none for these states, the same rows from the view's eager rebuild and inversion."""
-        form = self.view.fused(group, after, states)  # type: ignore[attr-defined]
+        form = self.view.fused(group, after, states)
         if form is not None:
             return self._fuser(fused.inverted, *form, torch.stack(extremes), after, grads, device=after[0].device)
         changes = []
