@@ -43,6 +43,7 @@ from .radam import RAdamView
 from .rmsprop import RMSpropView
 from .rprop import RpropView
 from .sgd import SgdView
+from . import thirdparty
 from .sparse_adam import SparseAdamView
 from .view import View, adopt
 
@@ -97,7 +98,12 @@ def view_for(cls: type[torch.optim.Optimizer]) -> View:
 
     Example: ``view_for(torch.optim.AdamW)`` is Adam's view (AdamW inherits ``Adam.step``); a
     subclass of Adam that overrides ``step`` gets :data:`~monitored_optim.updates.clone.CLONE`.
+    Third-party optimizers with a view in :mod:`~monitored_optim.updates.thirdparty` are registered
+    here, the first time one of them (or a subclass) is asked for.
     """
+    for base, view in thirdparty.views_in(cls):
+        if base not in _REGISTRY:  # first use of a third-party optimizer (a view registered for it stays)
+            register(base, view)
     fn = raw_step(cls)
     for base, view in _REGISTRY.items():
         if raw_step(base) is fn:
