@@ -27,6 +27,12 @@ def _optimizer_lion(params, lr, **kw):
     return importlib.import_module("pytorch_optimizer").Lion(params, lr=lr, **kw)
 
 
+def _bnb(name):
+    def build(params, lr, **kw):
+        return getattr(importlib.import_module("bitsandbytes").optim, name)(params, lr=lr, optim_bits=32, **kw)
+    return build
+
+
 CASES = {
     # id: (module to import, factory, kwargs, the view's class name)
     "lion-pytorch": ("lion_pytorch", _lion_pytorch, {}, "LucidrainsLionView"),
@@ -36,7 +42,11 @@ CASES = {
     "optimizer-lion-coupled-maximize": ("pytorch_optimizer", _optimizer_lion,
                                         dict(weight_decay=1e-3, weight_decouple=False, maximize=True),
                                         "OptimizerLionView"),
+    "bnb-adam": ("bitsandbytes", _bnb("Adam"), {}, "BnbAdamView"),
+    "bnb-adamw": ("bitsandbytes", _bnb("AdamW"), dict(weight_decay=0.1), "BnbAdamView"),
 }
+CLONED = {"lion-pytorch-wd"}
+"""Cases whose view clones every parameter (lion-pytorch keeps its decay's divisor out of the group)."""
 INITS = ("ones", "zeros", "normal")
 LRS = (1e-2, 1e-4, 1e-7)
 STEPS = 3
@@ -112,6 +122,9 @@ def test_view_is_named_cuts_large_parameters_and_verifies(case, tmp_path):
         assert latest.pop("verify/max_rel_error") < 1e-6
         truth.assert_figures_match({k: v for k, v in latest.items() if not k.startswith("verify/")},
                                    truth.figures(named, before, grads))
+    w = named[0][1]
+    snapshot = opt.monitor.view.before(opt.param_groups[0], w, opt.state[w])
+    assert isinstance(snapshot, Cloned) if case in CLONED else snapshot is None  # rebuilt, not cloned
 
 
 @pytest.mark.parametrize("case", ["lion-pytorch", "optimizer-lion"])
@@ -136,3 +149,28 @@ def test_lion_signs_within_rounding_of_zero_take_a_clone(case, tmp_path):
     before, grads = truth.snapshot(named)
     opt.step()
     truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+
+
+@pytest.mark.parametrize("name,kwargs", [("Adam8bit", {}), ("SGD", dict(momentum=0.9)), ("AdEMAMix", {})])
+def test_bitsandbytes_optimizers_the_view_does_not_rebuild_take_a_clone(name, kwargs, tmp_path):
+    """Every bitsandbytes optimizer shares one ``step``: 8-bit state, a 1-state optimizer and
+    AdEMAMix's three betas are cloned by the view (from the first step on), with figures equal to the
+    clone truth and the plain optimizer's trajectory."""
+    bnb = pytest.importorskip("bitsandbytes")
+    gen = torch.Generator().manual_seed(3)
+    named = [("w", torch.nn.Parameter(_initial("normal", (64, 128), gen)))]
+    plain_named = [("w", torch.nn.Parameter(named[0][1].detach().clone()))]
+    cls = getattr(bnb.optim, name)
+    opt = Monitored(cls)(named, lr=1e-3, **kwargs, monitor=MonitorConfig(backend="none", logdir=tmp_path))
+    plain = cls(plain_named, lr=1e-3, **kwargs)
+    assert type(opt.monitor.view).__name__ == "BnbAdamView"
+    w, q = named[0][1], plain_named[0][1]
+    for _ in range(STEPS):
+        w.grad = 1e-2 * torch.randn(w.shape, generator=gen)
+        q.grad = w.grad.clone()
+        before, grads = truth.snapshot(named)
+        opt.step()
+        plain.step()
+        assert isinstance(opt.monitor.view.before(opt.param_groups[0], w, opt.state[w]), Cloned)
+        truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+        assert torch.equal(w, q)
