@@ -14,12 +14,14 @@ from importlib import metadata
 
 from .bnb_adam import BnbAdamView
 from .lion import LucidrainsLionView, OptimizerLionView
+from .prodigy import ProdigyView
 from .view import View
 
 VIEWS: dict[tuple[str, str], tuple[str, str, View]] = {
     ("lion_pytorch.lion_pytorch", "Lion"): ("lion-pytorch", "0.2.", LucidrainsLionView()),
     ("pytorch_optimizer.optimizer.lion", "Lion"): ("pytorch_optimizer", "4.1.", OptimizerLionView()),
     ("bitsandbytes.optim.optimizer", "Optimizer8bit"): ("bitsandbytes", "0.50.", BnbAdamView()),
+    ("prodigyopt.prodigy", "Prodigy"): ("prodigyopt", "1.1.", ProdigyView()),
 }
 """(module, class name) -> (distribution, version prefix its view was written for, view)."""
 
