@@ -5,7 +5,6 @@ bit for bit, ``describe()`` names the view, and verify mode finds the view's upd
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import re
 import warnings
@@ -19,40 +18,30 @@ from monitored_optim.updates import Cloned
 from test_exactness import assert_state_dicts_equal
 
 
-def _lion_pytorch(params, lr, **kw):
-    return importlib.import_module("lion_pytorch").Lion(params, lr=lr, **kw)
-
-
-def _optimizer_lion(params, lr, **kw):
-    return importlib.import_module("pytorch_optimizer").Lion(params, lr=lr, **kw)
-
-
-def _bnb(name):
-    def build(params, lr, **kw):
-        return getattr(importlib.import_module("bitsandbytes").optim, name)(params, lr=lr, optim_bits=32, **kw)
-    return build
-
-
-def _prodigy(params, lr, **kw):
-    return importlib.import_module("prodigyopt").Prodigy(params, lr=lr, **kw)
-
-
 CASES = {
-    # id: (module to import, factory, kwargs, the view's class name)
-    "lion-pytorch": ("lion_pytorch", _lion_pytorch, {}, "LucidrainsLionView"),
-    "lion-pytorch-wd": ("lion_pytorch", _lion_pytorch, dict(weight_decay=0.1), "LucidrainsLionView"),
-    "optimizer-lion": ("pytorch_optimizer", _optimizer_lion, {}, "OptimizerLionView"),
-    "optimizer-lion-wd": ("pytorch_optimizer", _optimizer_lion, dict(weight_decay=0.1), "OptimizerLionView"),
-    "optimizer-lion-coupled-maximize": ("pytorch_optimizer", _optimizer_lion,
+    # id: (module, optimizer class, its arguments beyond lr (an lr here replaces the test's), view name)
+    "lion-pytorch": ("lion_pytorch", "Lion", {}, "LucidrainsLionView"),
+    "lion-pytorch-wd": ("lion_pytorch", "Lion", dict(weight_decay=0.1), "LucidrainsLionView"),
+    "optimizer-lion": ("pytorch_optimizer", "Lion", {}, "OptimizerLionView"),
+    "optimizer-lion-wd": ("pytorch_optimizer", "Lion", dict(weight_decay=0.1), "OptimizerLionView"),
+    "optimizer-lion-coupled-maximize": ("pytorch_optimizer", "Lion",
                                         dict(weight_decay=1e-3, weight_decouple=False, maximize=True),
                                         "OptimizerLionView"),
-    "bnb-adam": ("bitsandbytes", _bnb("Adam"), {}, "BnbAdamView"),
-    "bnb-adamw": ("bitsandbytes", _bnb("AdamW"), dict(weight_decay=0.1), "BnbAdamView"),
-    "prodigy": ("prodigyopt", _prodigy, dict(d0=1e-3), "ProdigyView"),
-    "prodigy-decoupled": ("prodigyopt", _prodigy, dict(d0=1e-3, weight_decay=0.1), "ProdigyView"),
-    "prodigy-coupled-bc": ("prodigyopt", _prodigy, dict(d0=1e-3, weight_decay=1e-3, decouple=False,
-                                                         use_bias_correction=True), "ProdigyView"),
-    "prodigy-beta1-0": ("prodigyopt", _prodigy, dict(d0=1e-3, betas=(0.0, 0.99)), "ProdigyView"),
+    "bnb-adam": ("bitsandbytes.optim", "Adam", dict(optim_bits=32), "BnbAdamView"),
+    "bnb-adamw": ("bitsandbytes.optim", "AdamW", dict(optim_bits=32, weight_decay=0.1), "BnbAdamView"),
+    "prodigy": ("prodigyopt", "Prodigy", dict(d0=1e-3), "ProdigyView"),
+    "prodigy-decoupled": ("prodigyopt", "Prodigy", dict(d0=1e-3, weight_decay=0.1), "ProdigyView"),
+    "prodigy-coupled-bc": ("prodigyopt", "Prodigy", dict(d0=1e-3, weight_decay=1e-3, decouple=False,
+                                                          use_bias_correction=True), "ProdigyView"),
+    "prodigy-beta1-0": ("prodigyopt", "Prodigy", dict(d0=1e-3, betas=(0.0, 0.99)), "ProdigyView"),
+    "hf-adafactor": ("transformers.optimization", "Adafactor", dict(relative_step=False, scale_parameter=False),
+                     "HfAdafactorView"),
+    "hf-adafactor-scale-wd": ("transformers.optimization", "Adafactor",
+                              dict(relative_step=False, weight_decay=0.1), "HfAdafactorView"),
+    "hf-adafactor-beta1-wd": ("transformers.optimization", "Adafactor",
+                              dict(relative_step=False, beta1=0.9, weight_decay=0.1), "HfAdafactorView"),
+    "hf-adafactor-relative": ("transformers.optimization", "Adafactor", dict(lr=None, warmup_init=True),
+                              "HfAdafactorView"),
 }
 CLONED = {"lion-pytorch-wd"}
 """Cases whose view clones every parameter (lion-pytorch keeps its decay's divisor out of the group)."""
@@ -64,12 +53,10 @@ HEALTH = r"has not changed for 3 logging steps|NaN or Inf"
 
 
 def _build(case: str, named, lr: float, monitor: MonitorConfig | None):
-    module, factory, kwargs, _ = CASES[case]
-    pytest.importorskip(module)
-    if monitor is None:
-        return factory(named, lr, **kwargs)
-    cls = type(factory([torch.nn.Parameter(torch.zeros(1))], lr, **kwargs))
-    return Monitored(cls)(named, lr=lr, **kwargs, monitor=monitor)
+    module, name, kwargs, _ = CASES[case]
+    cls = getattr(pytest.importorskip(module), name)
+    kwargs = {"lr": lr, **kwargs}
+    return cls(named, **kwargs) if monitor is None else Monitored(cls)(named, **kwargs, monitor=monitor)
 
 
 def _initial(kind: str, shape, gen: torch.Generator) -> torch.Tensor:
@@ -111,7 +98,7 @@ def test_figures_equal_clone_truth_and_trajectory_is_the_plain_optimizers(case, 
 @pytest.mark.parametrize("case", list(CASES))
 def test_view_is_named_cuts_large_parameters_and_verifies(case, tmp_path):
     """A N(0, 0.02) matrix and one of more than PART_ELEMENTS elements: ``describe()`` names the view
-    (in slices for the large one), verify mode compares the view's update with a clone on every
+    (in slices for the large one where the view is element-wise; else it gives ``Rows``), verify mode compares the view's update with a clone on every
     logging step and finds no miss, and the figures equal the clone truth."""
     gen = torch.Generator().manual_seed(1)
     named = [("w", torch.nn.Parameter(_initial("normal", (64, 128), gen))),
@@ -119,7 +106,8 @@ def test_view_is_named_cuts_large_parameters_and_verifies(case, tmp_path):
     opt = _build(case, named, 1e-3, MonitorConfig(backend="none", verify=True, logdir=tmp_path))
     rows = {line.split()[0]: line for line in opt.monitor.describe().splitlines()[-2:]}
     view = CASES[case][3]
-    assert f"view ({view})" in rows["w"] and re.search(rf"view \({view}\), in \d+ slices", rows["big"]), rows
+    sliced = rf"view \({view}\), in \d+ slices$" if opt.monitor.view.elementwise else rf"view \({view}\)$"
+    assert rows["w"].endswith(f"view ({view})") and re.search(sliced, rows["big"]), rows
     for _ in range(STEPS):
         for _, p in named:
             p.grad = 1e-2 * torch.randn(p.shape, generator=gen)

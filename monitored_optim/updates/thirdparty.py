@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from importlib import metadata
 
 from .bnb_adam import BnbAdamView
+from .hf_adafactor import HfAdafactorView
 from .lion import LucidrainsLionView, OptimizerLionView
 from .prodigy import ProdigyView
 from .view import View
@@ -22,6 +23,7 @@ VIEWS: dict[tuple[str, str], tuple[str, str, View]] = {
     ("pytorch_optimizer.optimizer.lion", "Lion"): ("pytorch_optimizer", "4.1.", OptimizerLionView()),
     ("bitsandbytes.optim.optimizer", "Optimizer8bit"): ("bitsandbytes", "0.50.", BnbAdamView()),
     ("prodigyopt.prodigy", "Prodigy"): ("prodigyopt", "1.1.", ProdigyView()),
+    ("transformers.optimization", "Adafactor"): ("transformers", "5.", HfAdafactorView()),
 }
 """(module, class name) -> (distribution, version prefix its view was written for, view)."""
 
