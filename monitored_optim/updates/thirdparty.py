@@ -16,6 +16,7 @@ from .bnb_adam import BnbAdamView
 from .hf_adafactor import HfAdafactorView
 from .lion import LucidrainsLionView, OptimizerLionView
 from .prodigy import ProdigyView
+from .schedulefree import AdamWScheduleFreeView, RAdamScheduleFreeView, SGDScheduleFreeView
 from .view import View
 
 VIEWS: dict[tuple[str, str], tuple[str, str, View]] = {
@@ -24,6 +25,9 @@ VIEWS: dict[tuple[str, str], tuple[str, str, View]] = {
     ("bitsandbytes.optim.optimizer", "Optimizer8bit"): ("bitsandbytes", "0.50.", BnbAdamView()),
     ("prodigyopt.prodigy", "Prodigy"): ("prodigyopt", "1.1.", ProdigyView()),
     ("transformers.optimization", "Adafactor"): ("transformers", "5.", HfAdafactorView()),
+    ("schedulefree.adamw_schedulefree", "AdamWScheduleFree"): ("schedulefree", "1.4.", AdamWScheduleFreeView()),
+    ("schedulefree.sgd_schedulefree", "SGDScheduleFree"): ("schedulefree", "1.4.", SGDScheduleFreeView()),
+    ("schedulefree.radam_schedulefree", "RAdamScheduleFree"): ("schedulefree", "1.4.", RAdamScheduleFreeView()),
 }
 """(module, class name) -> (distribution, version prefix its view was written for, view)."""
 
