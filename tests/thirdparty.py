@@ -70,3 +70,20 @@ class MomentumSGD(torch.optim.Optimizer):
     def load_state_dict(self, state, move_to_device: bool = True, *, note=None) -> None:
         super().load_state_dict({k: v for k, v in state.items() if k != "note"})
         self.loaded_with = (state.get("note"), move_to_device, note)
+
+
+class SignMomentum(torch.optim.Optimizer):
+    """Sign-momentum SGD (signum, Bernstein et al., 2018): m <- lerp(m, grad, 1 - beta),
+    p <- p - lr * sign(m); keeps ``momentum_buffer`` in ``state[p]``."""
+
+    def __init__(self, params, lr: float = 1e-2, beta: float = 0.9):
+        super().__init__(params, {"lr": lr, "beta": beta})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    m = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                    m.lerp_(p.grad, 1 - group["beta"])
+                    p.add_(m.sign(), alpha=-group["lr"])

@@ -290,10 +290,9 @@ class Fused:
         """What the fused routes may do for ``group``: None (nothing: an optimizer without a view, or
         a step that rewrites ``p.grad``, whose sums must be taken before it), ``"copy"`` (flat small parameters and the snapshot
         rule's copies) or ``"rebuild"`` (also the view's fused form)."""
-        if self.view is CLONE or not getattr(self.view, "keeps_grad", lambda g: True)(group):
+        if self.view is CLONE or not self.view.keeps_grad(group):
             return None
-        fusable = getattr(self.view, "fusable", None)
-        return "rebuild" if fusable is not None and fusable(group) else "copy"
+        return "rebuild" if self.view.fusable(group) else "copy"
 
     def form(self, p: Tensor) -> str | None:
         """The form the fused routes may take ``p`` in where its group's :meth:`way` allows it, from
@@ -361,7 +360,7 @@ class Fused:
 
         Through the view's fused form, or, where it has none for these states, from the view's
         eager rebuild and inversion."""
-        form = self.view.fused(group, after, states)  # type: ignore[attr-defined]
+        form = self.view.fused(group, after, states)
         if form is not None:
             return self.fuser(inverted, *form, torch.stack(extremes), after, grads, device=after[0].device)
         changes = []

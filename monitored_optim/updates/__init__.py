@@ -1,21 +1,23 @@
 """Update views: per optimizer family, how to obtain u = p_after - p_before for one parameter.
 
-A view is two small functions of ``(group, p, state)`` with no hidden state:
+A view is a :class:`View` (``view.py``): small methods of ``(group, p, state)`` with no hidden state.
 
 * ``before(group, p, state) -> snapshot``: called just before the base ``step()`` on logging
-  steps; keeps only what the rebuild needs (often nothing). A view that cannot be exact for this
+  steps; keeps only what the rebuild needs (default: nothing). A view that cannot be exact for this
   parameter returns :class:`~monitored_optim.updates.clone.Cloned` instead.
-* ``update(group, p, state, snapshot) -> Tensor | Scaled | None``: called after the step; the
-  update u with ``p``'s shape (a temporary the caller drops after reducing it), a
+* ``update(group, p, state, snapshot) -> Tensor | Scaled | None`` (required): called after the step;
+  the update u with ``p``'s shape (a temporary the caller drops after reducing it), a
   :class:`~monitored_optim.updates.clone.Scaled` buffer when u is a multiple of one, a
   :class:`~monitored_optim.updates.clone.Stores` ``(adds, s)`` when the step stores p several
   times (s·p under decoupled weight decay, then each d of ``adds``), a
   :class:`~monitored_optim.updates.clone.Rows` whose slices the capture asks for one at a time (a
   large parameter whose view is not element-wise), or ``None``
   when the step left ``p`` exactly unchanged (torch optimizers skip parameters whose grad is ``None``).
-* optionally ``update_many(group, params, states, snapshots) -> list``: ``update`` of several
-  parameters of one group and device at once (``torch._foreach_*`` ops, one set of coefficient
-  ops); :func:`rebuild` uses it where a view has it.
+* ``update_many(group, params, states, snapshots) -> list``: ``update`` of several parameters of one
+  group and device at once (default: one by one; ``torch._foreach_*`` ops where a view batches them).
+* ``elementwise`` (default False): the view may be handed slices of a parameter (parts, shards);
+  ``keeps_grad(group)`` (default True), ``fusable(group)`` (default False) and ``fused(group, params,
+  states)`` (default None): what the compiled capture may do (``monitored_optim/fused.py``).
 
 A view is chosen by the optimizer's ``step`` function, never by class name alone: a subclass
 that overrides ``step`` gets the clone fallback, whose figures are true for any optimizer.
@@ -23,7 +25,7 @@ that overrides ``step`` gets the clone fallback, whose figures are true for any 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -41,17 +43,9 @@ from .radam import RAdamView
 from .rmsprop import RMSpropView
 from .rprop import RpropView
 from .sgd import SgdView
+from . import thirdparty
 from .sparse_adam import SparseAdamView
-
-
-class View(Protocol):
-    """Rebuilds one parameter's update from what the optimizer keeps (see the module docstring)."""
-
-    def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Any:
-        """Snapshot taken before the step (``Cloned`` to fall back to a clone)."""
-
-    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:
-        """The update ``p_after - p_before`` (shape of ``p``), or ``None`` for exactly zero."""
+from .view import View, adopt
 
 
 _REGISTRY: dict[type[torch.optim.Optimizer], View] = {
@@ -74,7 +68,7 @@ _REGISTRY: dict[type[torch.optim.Optimizer], View] = {
 def rebuild(view: View, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]],
             snapshots: list[Any]) -> list[Tensor | Scaled | None]:
     """``view.update`` of each parameter of ``params`` (all of ``group``, one device), through the
-    view's ``update_many`` where it has one.
+    view's ``update_many``.
 
     Returns:
         One entry per parameter, in order: u as a tensor of the parameter's shape (float32 for
@@ -83,10 +77,7 @@ def rebuild(view: View, group: dict[str, Any], params: list[Tensor], states: lis
     Raises:
         Whatever the view raises; the built-in views raise nothing for states torch itself accepts.
     """
-    many = getattr(view, "update_many", None)
-    if many is not None:
-        return many(group, params, states, snapshots)
-    return [view.update(group, p, s, snap) for p, s, snap in zip(params, states, snapshots)]
+    return view.update_many(group, params, states, snapshots)
 
 
 def raw_step(cls: type) -> Callable[..., Any]:
@@ -107,7 +98,12 @@ def view_for(cls: type[torch.optim.Optimizer]) -> View:
 
     Example: ``view_for(torch.optim.AdamW)`` is Adam's view (AdamW inherits ``Adam.step``); a
     subclass of Adam that overrides ``step`` gets :data:`~monitored_optim.updates.clone.CLONE`.
+    Third-party optimizers with a view in :mod:`~monitored_optim.updates.thirdparty` are registered
+    here, the first time one of them (or a subclass) is asked for.
     """
+    for base, view in thirdparty.views_in(cls):
+        if base not in _REGISTRY:  # first use of a third-party optimizer (a view registered for it stays)
+            register(base, view)
     fn = raw_step(cls)
     for base, view in _REGISTRY.items():
         if raw_step(base) is fn:
@@ -115,34 +111,28 @@ def view_for(cls: type[torch.optim.Optimizer]) -> View:
     return CLONE
 
 
-def register(optimizer_cls: type[torch.optim.Optimizer], view: View) -> None:
+def register(optimizer_cls: type[torch.optim.Optimizer], view: Any) -> None:
     """Use ``view`` for ``optimizer_cls`` (and subclasses that keep its ``step``) from now on.
 
-    For a third-party optimizer that keeps the buffers its update can be rebuilt from. Check a new
-    view with ``MonitorConfig(verify=True)``, which compares it with a clone on every logging step.
-    Affects optimizers built after the call.
+    For a third-party optimizer that keeps the buffers its update can be rebuilt from. ``view`` is a
+    :class:`View`, or any object with ``before`` and ``update`` methods, given :class:`View`'s
+    defaults for what it lacks (``elementwise`` False, ...). Check a new view with
+    ``MonitorConfig(verify=True)``, which compares it with a clone on every logging step. Affects
+    optimizers built after the call.
 
     Raises:
         TypeError: ``optimizer_cls`` is not an optimizer class, or ``view`` lacks ``before``/``update``.
     """
     if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
         raise TypeError(f"register() expects a torch.optim.Optimizer subclass, got {optimizer_cls!r}")
-    if not (callable(getattr(view, "before", None)) and callable(getattr(view, "update", None))):
-        raise TypeError(f"register() expects a view with before() and update() methods, got {view!r}")
-    _REGISTRY[optimizer_cls] = view
+    _REGISTRY[optimizer_cls] = adopt(view)
     _REGISTRY.update({cls: _REGISTRY.pop(cls) for cls in list(_REGISTRY) if cls is not optimizer_cls})
 
 
-ELEMENTWISE = frozenset({"SgdView", "AdamView", "AdamaxView", "AdagradView", "AdadeltaView", "RMSpropView",
-                         "RpropView", "AsgdView", "NAdamView", "RAdamView", "SparseAdamView", "CloneView"})
-"""Views whose update of an element depends only on that element of p, its grad and its state (and
-on scalars): they may be handed a slice of a parameter (a shard, a part of a large one)."""
-
-
 def elementwise(view: View) -> bool:
-    """Whether ``view`` is one of the :data:`ELEMENTWISE` built-in views."""
-    return type(view).__name__ in ELEMENTWISE
+    """Whether ``view`` may be handed slices of a parameter (its :attr:`View.elementwise`)."""
+    return view.elementwise
 
 
-__all__ = ["CLONE", "Cloned", "CloneView", "ELEMENTWISE", "Rows", "Scaled", "Stores", "View", "elementwise", "raw_step",
+__all__ = ["CLONE", "Cloned", "CloneView", "Rows", "Scaled", "Stores", "View", "elementwise", "raw_step",
            "rebuild", "register", "view_for"]

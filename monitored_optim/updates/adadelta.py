@@ -28,10 +28,13 @@ from torch import Tensor
 
 from ._shared import like, real, to_scalar
 from .clone import Cloned
+from .view import View
 
 
-class AdadeltaView:
+class AdadeltaView(View):
     """State-aware view for ``torch.optim.Adadelta`` (formulas in the module docstring)."""
+
+    elementwise = True
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
         if p.grad is not None and (group["differentiable"] or group["weight_decay"] != 0):

@@ -34,9 +34,10 @@ from torch import Tensor
 
 from ._shared import PART_ELEMENTS
 from .clone import Cloned, Rows, Stores
+from .view import View
 
 
-class AdafactorView:
+class AdafactorView(View):
     """State-aware view for ``torch.optim.Adafactor`` (formulas in the module docstring)."""
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Tensor | Cloned:

@@ -36,10 +36,13 @@ from torch import Tensor
 
 from ._shared import KAPPA_MAX, in_double, like, max_kappa, real, to_scalar
 from .clone import Cloned
+from .view import View
 
 
-class AdagradView:
+class AdagradView(View):
     """State-aware view for ``torch.optim.Adagrad`` (formulas in the module docstring)."""
+
+    elementwise = True
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
         if p.grad is None:

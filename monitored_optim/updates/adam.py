@@ -35,12 +35,15 @@ from torch import Tensor
 
 from ._shared import decay_solvable, to_scalar
 from .clone import Cloned, Scaled, Stores
+from .view import View
 
 _BATCHED = (torch.float32, torch.float64)
 
 
-class AdamView:
+class AdamView(View):
     """State-aware view for ``torch.optim.Adam`` and ``torch.optim.AdamW`` (formulas above)."""
+
+    elementwise = True
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
         decoupled = group["decoupled_weight_decay"] and group["weight_decay"] != 0

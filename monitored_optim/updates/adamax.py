@@ -25,10 +25,13 @@ from torch import Tensor
 
 from ._shared import like, ran_foreach, real, to_scalar
 from .clone import Cloned
+from .view import View
 
 
-class AdamaxView:
+class AdamaxView(View):
     """State-aware view for ``torch.optim.Adamax`` (formulas in the module docstring)."""
+
+    elementwise = True
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
         if group["differentiable"]:

@@ -35,10 +35,13 @@ from torch.optim.optimizer import _get_scalar_dtype
 
 from ._shared import like, ran_foreach, real, to_scalar
 from .clone import Cloned, Stores
+from .view import View
 
 
-class AsgdView:
+class AsgdView(View):
     """State-aware view for ``torch.optim.ASGD`` (formulas in the module docstring)."""
+
+    elementwise = True
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | Tensor | None:
         if p.grad is None:

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .view import View
+
 
 @dataclass(frozen=True)
 class Cloned:
@@ -64,10 +66,12 @@ class Rows:
     slices: Callable[[], Iterator[tuple[slice, Any]]]
 
 
-class CloneView:
+class CloneView(View):
     """u = p_after - p_before from a clone taken on logging steps only. Used for optimizers without
     a state-aware view (LBFGS moves p several times per step, third-party optimizers, user
     subclasses that override ``step``). Extra memory: one copy of every monitored parameter."""
+
+    elementwise = True
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned:
         return Cloned(p.detach().clone())

@@ -25,6 +25,7 @@ from typing import Any
 from torch import Tensor
 
 from .clone import Stores
+from .view import View
 
 try:  # torch's own Newton–Schulz and lr adjustment (torch >= 2.9 ships Muon)
     from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
@@ -32,7 +33,7 @@ except ImportError:  # pragma: no cover - older torch: no Muon class, so the vie
     _adjust_lr = _zeropower_via_newtonschulz = None
 
 
-class MuonView:
+class MuonView(View):
     """State-aware view for ``torch.optim.Muon`` (formulas in the module docstring)."""
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> None:

@@ -37,10 +37,13 @@ from torch import Tensor
 
 from ._shared import KAPPA_MAX, ran_foreach
 from .clone import Cloned, Stores
+from .view import View
 
 
-class NAdamView:
+class NAdamView(View):
     """State-aware view for ``torch.optim.NAdam`` (formulas in the module docstring)."""
+
+    elementwise = True
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
         if group["differentiable"]:

@@ -34,10 +34,13 @@ from torch import Tensor
 
 from ._shared import ran_foreach
 from .clone import Cloned, Stores
+from .view import View
 
 
-class RAdamView:
+class RAdamView(View):
     """State-aware view for ``torch.optim.RAdam`` (formulas in the module docstring)."""
+
+    elementwise = True
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
         if group["differentiable"]:

@@ -25,10 +25,13 @@ from torch import Tensor
 
 from ._shared import like, real
 from .clone import Cloned
+from .view import View
 
 
-class RpropView:
+class RpropView(View):
     """State-aware view for ``torch.optim.Rprop`` (formula in the module docstring)."""
+
+    elementwise = True
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
         if p.grad is not None and group["differentiable"]:

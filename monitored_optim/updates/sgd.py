@@ -29,14 +29,17 @@ from torch import Tensor
 
 from ._shared import decay_solvable, ran_foreach, to_scalar
 from .clone import Cloned, Scaled
+from .view import View
 
 
 def _dense(g: Tensor) -> Tensor:
     return g.coalesce().to_dense() if g.is_sparse else g
 
 
-class SgdView:
+class SgdView(View):
     """State-aware view for ``torch.optim.SGD`` (see the module docstring for the formulas)."""
+
+    elementwise = True
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
         exact_from_buffer = group["momentum"] != 0 and not group["nesterov"]

@@ -23,9 +23,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .view import View
 
-class SparseAdamView:
+
+class SparseAdamView(View):
     """State-aware view for ``torch.optim.SparseAdam`` (formulas in the module docstring)."""
+
+    elementwise = True
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> None:
         return None

@@ -1,0 +1,73 @@
+"""bitsandbytes 32-bit Adam / AdamW view (bitsandbytes 0.50, CPU kernel).
+
+bitsandbytes' ``Optimizer2State.update_step`` with 32-bit state (``state1`` m, ``state2`` v, a
+Python int ``step`` t already incremented) runs ``optimizer_update_32bit``; its CPU kernel
+(``bitsandbytes/backends/cpu/ops.py``, ``_optimizer_update_32bit_cpu``, the ``"adam"`` branch),
+with c1 = 1 - β1^t, c2 = sqrt(1 - β2^t) (Python floats) and s = 1 - lr·λ:
+
+    m ← β1·m + (1-β1)·g;   v ← β2·v + (1-β2)·g²
+    p ← s·p  (λ > 0);   p ← p + (-lr·c2/c1) · m / (sqrt(v) + eps·c2)
+
+Rebuild after the step: r = m / (sqrt(v) + eps·c2) from the stored m, v and t, with the kernel's own
+operations, and u = ``Stores((Scaled(r, -lr·c2/c1),), s)``, the two stores the capture inverts in turn.
+Adam and AdamW run the same kernel (they differ only in their default λ).
+
+bitsandbytes keeps more on the optimizer than in the group: all its optimizers share one ``step``
+(``Optimizer8bit.step``, for which this view is registered) and pick their arithmetic from instance
+attributes, so the view rebuilds only what the state and the group show to be this branch, and
+takes a clone of the parameter elsewhere (every other bitsandbytes optimizer): before the first
+step (no state yet: 8-bit or 32-bit is not known), with 8-bit state, a 1-state optimizer (no
+``state2``), three betas (AdEMAMix), ``max_unorm`` (a ``unorm_vec``), per-parameter overrides of the
+``GlobalOptimManager``, a decay factor |s| < 1/2, and off the CPU (the CUDA kernel applies the
+decay after the update, in its own rounding, which this view does not mirror).
+Source: Dettmers et al. (2022) "8-bit Optimizers via Block-wise Quantization", bitsandbytes
+``optim/optimizer.py`` (``Optimizer2State``) and ``backends/cpu/ops.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._shared import KAPPA_MAX
+from .clone import Cloned, Scaled, Stores
+from .view import View
+
+
+class BnbAdamView(View):
+    """State-aware view for bitsandbytes' ``Adam`` / ``AdamW`` with 32-bit state (module docstring)."""
+
+    elementwise = True
+
+    def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
+        if p.grad is None:
+            return None
+        s = 1 - group["lr"] * group["weight_decay"]
+        adam = ("t_alpha" in group and len(group["betas"]) == 2 and "unorm_vec" not in state
+                and isinstance(state.get("state1"), Tensor) and state["state1"].dtype == torch.float32
+                and isinstance(state.get("state2"), Tensor) and state["state2"].shape == p.shape)
+        if not (adam and p.device.type == "cpu" and abs(s) * KAPPA_MAX >= 1.0 and not _overridden()):
+            return Cloned(p.detach().clone())
+        return None
+
+    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Stores | None:
+        if p.grad is None or "state2" not in state:
+            return None
+        lr, (beta1, beta2), eps, t = group["lr"], group["betas"], group["eps"], state["step"]
+        c1, c2 = 1.0 - beta1**t, math.sqrt(1.0 - beta2**t)
+        r = state["state1"] / (state["state2"].sqrt() + eps * c2)
+        wd = group["weight_decay"]
+        return Stores((Scaled(r, -lr * c2 / c1),), 1.0 - lr * wd if wd > 0.0 else 1.0)
+
+
+def _overridden() -> bool:
+    """Whether bitsandbytes' ``GlobalOptimManager`` holds per-parameter config overrides (its module
+    is imported wherever a bitsandbytes optimizer exists; it is not imported here)."""
+    module = sys.modules.get("bitsandbytes.optim.optimizer")
+    manager = getattr(module, "GlobalOptimManager", None)
+    held = getattr(manager, "_instance", None)
+    return held is not None and bool(held.pid2config or held.index2config or held.module_weight_config_triple)

@@ -1,0 +1,162 @@
+"""Schedule-free views (schedulefree 1.4: ``AdamWScheduleFree``, ``SGDScheduleFree``, ``RAdamScheduleFree``).
+
+Schedule-free training (Defazio et al., 2024, "The Road Less Scheduled") in train mode stores
+y = p and z = ``state["z"]``. With k the group's count before the step, the step's lr γ (warmup
+schedule, or RAdam's rectification), w = ckp1 = (k+1)^r·lr_max^q / Σ of those weights, and β the
+momentum (β1, or SGD's ``momentum``):
+
+    ĝ = g / (sqrt(v/bc2) + eps) (AdamW; RAdam once rectified; SGD: g), plus λ·y_b (decay),
+        written into ``p.grad``
+    y ← lerp(y_b, z_b, w);   y ← y + γ(β(1-w) - 1)·ĝ;   z ← z_b - γ·ĝ
+
+Rebuild after the step, from y_a, z_a, ``p.grad`` = ĝ and the group's post-step scalars
+(``scheduled_lr``, ``lr_max``, ``weight_sum``, k): z_b = z_a + γ·ĝ, y_l = y_a - γ(β(1-w)-1)·ĝ,
+y_b = (y_l - w·z_b)/(1-w) in float64, and u = y_a - y_b in p's dtype.
+
+The lerp contracts y by 1-w, so p_b is not always recoverable to the last bit: about a fraction w of
+the elements come back one spacing off. ``before`` therefore replays the step on the part (the
+optimizer's own operations, on temporaries of the part's size) and the rebuild on that replay, and
+takes a clone of the part unless the rebuilt stored change misses the replayed one by at most
+``MISS`` of its spread (‖miss‖ ≤ MISS·‖u - mean(u)‖), a bound on every figure. That check reads one
+number on the host: done for CPU parameters; elsewhere, before the first step (w = 1: p_b is lost
+entirely), for w > 1/2 and for complex parameters, the view takes the clone.
+Source: schedulefree 1.4.1, ``adamw_schedulefree.py``, ``sgd_schedulefree.py``,
+``radam_schedulefree.py`` (``step``, single-tensor and foreach paths alike).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .clone import Cloned
+from .view import View
+
+MISS = 5e-5
+"""Largest ‖rebuilt u - stored u‖ / ‖u - mean(u)‖ of a part that the view keeps (half the 1e-4
+tolerance on norms)."""
+
+
+class ScheduleFreeView(View):
+    """Shared rebuild of the schedule-free views (module docstring); subclasses give the step's lr,
+    its momentum and its normalized gradient."""
+
+    elementwise = True
+
+    def lr(self, group: dict[str, Any]) -> float:
+        """γ of the coming step (warmup: γ·(k+1)/warmup_steps while k < warmup_steps)."""
+        k, warmup = group["k"], group["warmup_steps"]
+        return group["lr"] * ((k + 1) / warmup if k < warmup else 1.0)
+
+    def beta(self, group: dict[str, Any]) -> float:
+        return group["betas"][0]
+
+    def normalized(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Tensor:
+        """ĝ of the coming step, as a new tensor (the step writes it into ``p.grad``)."""
+        return _adam_normalized(group, p, state, group["k"] + 1)
+
+    def keeps_grad(self, group: dict[str, Any]) -> bool:
+        """False: the step divides ``p.grad`` in place (and adds the decay into it)."""
+        return False
+
+    def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
+        if p.grad is None:
+            return None
+        if p.device.type != "cpu" or p.is_complex() or "z" not in state:
+            return Cloned(p.detach().clone())
+        lr = self.lr(group)
+        lr_max = max(lr, group["lr_max"])
+        weight = _weight(group, group["k"], lr_max)
+        w = _ratio(weight, group["weight_sum"] + weight)
+        if w > 0.5:
+            return Cloned(p.detach().clone())
+        y, z, g = p.detach(), state["z"], self.normalized(group, p, state)
+        alpha = lr * (self.beta(group) * (1 - w) - 1)
+        y_a = y.lerp(z, w).add_(g, alpha=alpha)
+        d = _rebuilt(y_a, z.sub(g, alpha=lr), g, w, lr, alpha)
+        u = (y_a.double() - y.double())
+        miss = (y_a - d).double().sub_(y.double())
+        if not bool(miss.norm() <= MISS * (u - u.mean()).norm()):
+            return Cloned(p.detach().clone())
+        return None
+
+    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:
+        if p.grad is None or "z" not in state:
+            return None
+        lr, k = group["scheduled_lr"], group["k"] - 1
+        w = _ratio(_weight(group, k, group["lr_max"]), group["weight_sum"])
+        return _rebuilt(p.detach(), state["z"], p.grad, w, lr, lr * (self.beta(group) * (1 - w) - 1))
+
+
+class AdamWScheduleFreeView(ScheduleFreeView):
+    """View for schedulefree's ``AdamWScheduleFree``."""
+
+
+class SGDScheduleFreeView(ScheduleFreeView):
+    """View for schedulefree's ``SGDScheduleFree`` (ĝ = g + λ·y_b, β = ``momentum``)."""
+
+    def beta(self, group: dict[str, Any]) -> float:
+        return group["momentum"]
+
+    def normalized(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Tensor:
+        return _decayed(group, p, p.grad.clone())
+
+    def keeps_grad(self, group: dict[str, Any]) -> bool:
+        """False under weight decay, which the step adds into ``p.grad``."""
+        return group["weight_decay"] == 0
+
+
+class RAdamScheduleFreeView(ScheduleFreeView):
+    """View for schedulefree's ``RAdamScheduleFree`` (γ = lr·rect; ĝ normalized once ρ_t > 4)."""
+
+    def lr(self, group: dict[str, Any]) -> float:
+        return group["lr"] * _rectification(group, group["k"] + 1)[0]
+
+    def normalized(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Tensor:
+        step = group["k"] + 1
+        if _rectification(group, step)[1]:
+            return _adam_normalized(group, p, state, step)
+        return _decayed(group, p, p.grad.clone())
+
+
+def _weight(group: dict[str, Any], k: int, lr_max: float) -> float:
+    """The averaging weight of the step that starts at count k: (k+1)^r · lr_max^q."""
+    return ((k + 1) ** group["r"]) * (lr_max ** group["weight_lr_power"])
+
+
+def _ratio(weight: float, total: float) -> float:
+    """ckp1 = weight / total, 0 where total is 0 (as the step catches ZeroDivisionError)."""
+    return weight / total if total != 0 else 0
+
+
+def _decayed(group: dict[str, Any], p: Tensor, g: Tensor) -> Tensor:
+    """``g`` (a new tensor) plus λ·p where the group decays, as the step adds it."""
+    return g.add_(p.detach(), alpha=group["weight_decay"]) if group["weight_decay"] != 0 else g
+
+
+def _adam_normalized(group: dict[str, Any], p: Tensor, state: dict[str, Any], step: int) -> Tensor:
+    """g / (sqrt(v'/bc2) + eps) (+ λ·p), v' the second moment the step will store, bc2 = 1 - β2^step."""
+    beta2 = group["betas"][1]
+    v = state["exp_avg_sq"].mul(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+    return _decayed(group, p, p.grad.div(v.div_(1 - beta2**step).sqrt_().add_(group["eps"])))
+
+
+def _rectification(group: dict[str, Any], step: int) -> tuple[float, bool]:
+    """RAdam's (rect, ρ_t > 4) at ``step``, in the step's own arithmetic."""
+    beta2 = group["betas"][1]
+    beta2_t = beta2**step
+    rho_inf = 2 / (1 - beta2) - 1
+    rho_t = rho_inf - 2 * step * beta2_t / (1 - beta2_t)
+    if rho_t > 4.0:
+        return ((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t)) ** 0.5, True
+    return float(not group["silent_sgd_phase"]), False
+
+
+def _rebuilt(y_a: Tensor, z_a: Tensor, g: Tensor, w: float, lr: float, alpha: float) -> Tensor:
+    """u = y_a - y_b from y_a, z_a and ĝ (module docstring): z_b and y_l in y's dtype, as the step's
+    stores were, y_b in float64; a new tensor of y's dtype."""
+    z_b = torch.add(z_a, g, alpha=lr).double()
+    y_b = torch.sub(y_a, g, alpha=alpha).double().sub_(z_b.mul_(w)).div_(1 - w)
+    return torch.sub(y_a.double(), y_b, out=y_b).to(y_a.dtype)

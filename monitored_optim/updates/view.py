@@ -1,0 +1,109 @@
+"""The ``View`` base class: every capability an update view may declare, with its default.
+
+A view rebuilds u = p_after - p_before of one parameter from what its optimizer keeps. Only
+:meth:`View.update` is required; each other capability has a documented default that is right for
+any optimizer, so a view declares only what it does better (Lightning's ``Callback`` style).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, cast
+
+from torch import Tensor
+
+
+class View(abc.ABC):
+    """Rebuilds one parameter's update from what the optimizer keeps.
+
+    Attributes:
+        elementwise: whether the update of an element depends only on that element of p, its grad
+            and its state (and on scalars), so that the view may be handed a slice of a parameter:
+            a part of a large one, reduced a part at a time, or a rank's shard under FSDP. Default
+            False: the view gets whole parameters, and a shard gets a clone.
+
+    Example::
+
+        class SignSGDView(View):
+            elementwise = True
+
+            def update(self, group, p, state, snapshot):
+                return None if p.grad is None else p.grad.sign() * -group["lr"]
+    """
+
+    elementwise: bool = False
+
+    def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Any:
+        """What to keep of ``p`` and ``state`` just before the step, on logging steps only.
+
+        Returns:
+            Any snapshot :meth:`update` reads; :class:`~monitored_optim.updates.clone.Cloned` to fall
+            back to a clone of ``p`` where the view cannot be exact for it. Default: None (nothing).
+        """
+        return None
+
+    @abc.abstractmethod
+    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Any:
+        """The update ``p_after - p_before`` of ``p``, after the step.
+
+        Returns:
+            A tensor of ``p``'s shape (a temporary the caller drops after reducing it), a
+            :class:`~monitored_optim.updates.clone.Scaled`, :class:`~monitored_optim.updates.clone.Stores`
+            or :class:`~monitored_optim.updates.clone.Rows` (see :mod:`monitored_optim.updates`), or
+            None where the step left ``p`` exactly unchanged.
+        """
+
+    def update_many(self, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]],
+                    snapshots: list[Any]) -> list[Any]:
+        """:meth:`update` of several parameters of ``group`` on one device, in order.
+
+        Default: :meth:`update` of each; a view overrides it to batch them (``torch._foreach_*`` ops).
+        """
+        return [self.update(group, p, s, snap) for p, s, snap in zip(params, states, snapshots)]
+
+    def keeps_grad(self, group: dict[str, Any]) -> bool:
+        """Whether the step leaves ``p.grad`` of ``group``'s parameters as it was, so that the grads'
+        sums may be taken after it (decided before the step). Default: True."""
+        return True
+
+    def fusable(self, group: dict[str, Any]) -> bool:
+        """Whether :meth:`fused` serves ``group`` (decided before the step). Default: False."""
+        return False
+
+    def fused(self, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]]
+              ) -> tuple[Any, tuple[Any, ...], Tensor, Tensor | None] | None:
+        """The compiled capture's form of :meth:`update_many` (see :mod:`monitored_optim.fused`):
+        ``(rebuild, args, c, s)``, d = c·r with ``rebuild(*args)`` giving r per parameter and ``s``
+        the decoupled-decay factor (None without it); None where it has none for these states.
+        Default: None."""
+        return None
+
+
+OPTIONAL = ("elementwise", "update_many", "keeps_grad", "fusable", "fused")
+"""The capabilities a registered view without the :class:`View` base may leave out (:func:`adopt`)."""
+
+
+def adopt(view: Any) -> View:
+    """``view`` with each capability of :data:`OPTIONAL` it lacks set to :class:`View`'s default, so
+    that the monitor uses every view alike; a :class:`View` is returned as is.
+
+    The object itself is completed, not wrapped: it stays the object its author registered (what
+    ``view_for`` returns and ``describe()`` names).
+
+    Raises:
+        TypeError: ``view`` lacks a ``before`` or ``update`` method, or cannot take attributes
+            (``__slots__``): subclass :class:`View` instead.
+    """
+    if isinstance(view, View):
+        return view
+    if not (callable(getattr(view, "before", None)) and callable(getattr(view, "update", None))):
+        raise TypeError(f"register() expects a view with before() and update() methods, got {view!r}")
+    for name in OPTIONAL:
+        if not hasattr(view, name):
+            default = getattr(View, name)
+            try:
+                setattr(view, name, default.__get__(view) if callable(default) else default)
+            except AttributeError as err:
+                raise TypeError(f"register() cannot give {view!r} the default {name!r} ({err}); "
+                                "subclass monitored_optim.updates.View instead") from err
+    return cast(View, view)

@@ -1,0 +1,229 @@
+"""State-aware views of third-party optimizers (``monitored_optim/updates/thirdparty.py``), each
+against the real package: figures equal the clone truth on the grid's initialisations (1.0, 0,
+N(0, 0.02)) and learning rates (warmup's 1e-7 included), the trajectory is the plain optimizer's
+bit for bit, ``describe()`` names the view, and verify mode finds the view's update exact."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import warnings
+
+import pytest
+import torch
+
+import truth
+from monitored_optim import Monitored, MonitorConfig
+from monitored_optim.updates import Cloned
+from test_exactness import assert_state_dicts_equal
+
+
+CASES = {
+    # id: (module, optimizer class, its arguments beyond lr (an lr here replaces the test's), view name)
+    "lion-pytorch": ("lion_pytorch", "Lion", {}, "LucidrainsLionView"),
+    "lion-pytorch-wd": ("lion_pytorch", "Lion", dict(weight_decay=0.1), "LucidrainsLionView"),
+    "optimizer-lion": ("pytorch_optimizer", "Lion", {}, "OptimizerLionView"),
+    "optimizer-lion-wd": ("pytorch_optimizer", "Lion", dict(weight_decay=0.1), "OptimizerLionView"),
+    "optimizer-lion-coupled-maximize": ("pytorch_optimizer", "Lion",
+                                        dict(weight_decay=1e-3, weight_decouple=False, maximize=True),
+                                        "OptimizerLionView"),
+    "bnb-adam": ("bitsandbytes.optim", "Adam", dict(optim_bits=32), "BnbAdamView"),
+    "bnb-adamw": ("bitsandbytes.optim", "AdamW", dict(optim_bits=32, weight_decay=0.1), "BnbAdamView"),
+    "prodigy": ("prodigyopt", "Prodigy", dict(d0=1e-3), "ProdigyView"),
+    "prodigy-decoupled": ("prodigyopt", "Prodigy", dict(d0=1e-3, weight_decay=0.1), "ProdigyView"),
+    "prodigy-coupled-bc": ("prodigyopt", "Prodigy", dict(d0=1e-3, weight_decay=1e-3, decouple=False,
+                                                          use_bias_correction=True), "ProdigyView"),
+    "prodigy-beta1-0": ("prodigyopt", "Prodigy", dict(d0=1e-3, betas=(0.0, 0.99)), "ProdigyView"),
+    "hf-adafactor": ("transformers.optimization", "Adafactor", dict(relative_step=False, scale_parameter=False),
+                     "HfAdafactorView"),
+    "hf-adafactor-scale-wd": ("transformers.optimization", "Adafactor",
+                              dict(relative_step=False, weight_decay=0.1), "HfAdafactorView"),
+    "hf-adafactor-beta1-wd": ("transformers.optimization", "Adafactor",
+                              dict(relative_step=False, beta1=0.9, weight_decay=0.1), "HfAdafactorView"),
+    "hf-adafactor-relative": ("transformers.optimization", "Adafactor", dict(lr=None, warmup_init=True),
+                              "HfAdafactorView"),
+    "sf-adamw": ("schedulefree", "AdamWScheduleFree", {}, "AdamWScheduleFreeView"),
+    "sf-adamw-wd-warmup": ("schedulefree", "AdamWScheduleFree", dict(weight_decay=0.1, warmup_steps=2),
+                           "AdamWScheduleFreeView"),
+    "sf-sgd-wd": ("schedulefree", "SGDScheduleFree", dict(weight_decay=0.1), "SGDScheduleFreeView"),
+    "sf-radam": ("schedulefree", "RAdamScheduleFree", {}, "RAdamScheduleFreeView"),
+    "sf-radam-sgd-phase": ("schedulefree", "RAdamScheduleFree", dict(silent_sgd_phase=False),
+                           "RAdamScheduleFreeView"),
+}
+CLONED = {"lion-pytorch-wd"}
+"""Cases whose view clones every parameter (lion-pytorch keeps its decay's divisor out of the group)."""
+VERIFY_LR = {"sf-sgd-wd": 1e-1, "sf-radam-sgd-phase": 1e-1}
+"""Learning rates of the verify test other than 1e-3: schedule-free steps on the raw gradient (SGD, and
+RAdam before its rectification) are at 1e-3 so small next to p that the view clones (its rebuild
+misses by one spacing on a share of the elements)."""
+INITS = ("ones", "zeros", "normal")
+LRS = (1e-2, 1e-4, 1e-7)
+STEPS = 3
+HEALTH = r"has not changed for 3 logging steps|NaN or Inf"
+"""The only warnings these inputs may call for (a matrix that 1e-7 steps do not move)."""
+
+
+def _build(case: str, named, lr: float, monitor: MonitorConfig | None):
+    module, name, kwargs, _ = CASES[case]
+    cls = getattr(pytest.importorskip(module), name)
+    kwargs = {"lr": lr, **kwargs}
+    opt = cls(named, **kwargs) if monitor is None else Monitored(cls)(named, **kwargs, monitor=monitor)
+    if module == "schedulefree":
+        opt.train()  # the mode its step requires (it moves p)
+    return opt
+
+
+def _initial(kind: str, shape, gen: torch.Generator) -> torch.Tensor:
+    if kind == "ones":
+        return torch.ones(shape)
+    if kind == "zeros":
+        return torch.zeros(shape)
+    return 0.02 * torch.randn(shape, generator=gen)
+
+
+GRID = list(itertools.product(CASES, INITS, LRS))
+
+
+@pytest.mark.parametrize("case,init,lr", GRID, ids=[f"{c}-{i}-{lr:g}" for c, i, lr in GRID])
+def test_figures_equal_clone_truth_and_trajectory_is_the_plain_optimizers(case, init, lr, tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    shapes = {"w": (64, 128), "b": (128,)}
+    named = [(n, torch.nn.Parameter(_initial(init, s, gen))) for n, s in shapes.items()]
+    plain_named = [(n, torch.nn.Parameter(p.detach().clone())) for n, p in named]
+    opt = _build(case, named, lr, MonitorConfig(backend="none", logdir=tmp_path))
+    plain = _build(case, plain_named, lr, None)
+    assert type(opt.monitor.view).__name__ == CASES[case][3]
+    for _ in range(STEPS):
+        for (_, p), (_, q) in zip(named, plain_named):
+            p.grad = 1e-2 * torch.randn(p.shape, generator=gen)
+            q.grad = p.grad.clone()
+        before, grads = truth.snapshot(named)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.step()
+        plain.step()
+        assert all(re.search(HEALTH, str(w.message)) for w in caught), [str(w.message) for w in caught]
+        truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+        for (_, p), (_, q) in zip(named, plain_named):
+            assert torch.equal(p, q)
+    assert_state_dicts_equal(opt.state_dict(), plain.state_dict())
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_view_is_named_cuts_large_parameters_and_verifies(case, tmp_path):
+    """A N(0, 0.02) matrix and one of more than PART_ELEMENTS elements: ``describe()`` names the view
+    (in slices for the large one where the view is element-wise; else it gives ``Rows``), verify mode compares the view's update with a clone on every
+    logging step and finds no miss, and the figures equal the clone truth."""
+    gen = torch.Generator().manual_seed(1)
+    named = [("w", torch.nn.Parameter(_initial("normal", (64, 128), gen))),
+             ("big", torch.nn.Parameter(_initial("normal", (600, 500), gen)))]
+    opt = _build(case, named, VERIFY_LR.get(case, 1e-3), MonitorConfig(backend="none", verify=True, logdir=tmp_path))
+    rows = {line.split()[0]: line for line in opt.monitor.describe().splitlines()[-2:]}
+    view = CASES[case][3]
+    sliced = rf"view \({view}\), in \d+ slices$" if opt.monitor.view.elementwise else rf"view \({view}\)$"
+    assert rows["w"].endswith(f"view ({view})") and re.search(sliced, rows["big"]), rows
+    for _ in range(STEPS):
+        for _, p in named:
+            p.grad = 1e-2 * torch.randn(p.shape, generator=gen)
+        before, grads = truth.snapshot(named)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.step()
+        assert all(re.search(HEALTH, str(w.message)) for w in caught), [str(w.message) for w in caught]
+        latest = dict(opt.monitor.latest)
+        assert latest.pop("verify/max_rel_error") < 1e-3  # below verify's own alarm (no warning either)
+        truth.assert_figures_match({k: v for k, v in latest.items() if not k.startswith("verify/")},
+                                   truth.figures(named, before, grads))
+    w = named[0][1]
+    snapshot = opt.monitor.view.before(opt.param_groups[0], w, opt.state[w])
+    assert isinstance(snapshot, Cloned) == (case in CLONED)  # rebuilt, not cloned
+
+
+@pytest.mark.parametrize("case", ["lion-pytorch", "optimizer-lion"])
+def test_lion_signs_within_rounding_of_zero_take_a_clone(case, tmp_path):
+    """Grads that cancel the momentum (c = lerp(m, g, 1-β1) within rounding of 0 on every element):
+    the sign rebuilt from the stored momentum differs from the step's on some elements, so ``before``
+    takes a clone of the parameter, and the figures still equal the clone truth."""
+    gen = torch.Generator().manual_seed(2)
+    named = [("w", torch.nn.Parameter(_initial("normal", (64, 128), gen)))]
+    opt = _build(case, named, 1e-3, MonitorConfig(backend="none", logdir=tmp_path))
+    w = named[0][1]
+    w.grad = 1e-2 * torch.randn(w.shape, generator=gen)
+    opt.step()
+    beta1, beta2 = opt.param_groups[0]["betas"]
+    m = opt.state[w]["exp_avg"]
+    w.grad = m * (-beta1 / (1 - beta1))
+    c = m.lerp(w.grad, 1 - beta1) if case == "optimizer-lion" else m.mul(beta1).add_(w.grad, alpha=1 - beta1)
+    m_after = m.lerp(w.grad, 1 - beta2) if case == "optimizer-lion" else m.mul(beta2).add(w.grad, alpha=1 - beta2)
+    rebuilt = (m_after.double() * beta1 + (beta2 - beta1) * w.grad.double()).sign()
+    assert (rebuilt != c.sign()).sum() > 0  # the rebuild alone would be wrong here
+    assert isinstance(opt.monitor.view.before(opt.param_groups[0], w, opt.state[w]), Cloned)
+    before, grads = truth.snapshot(named)
+    opt.step()
+    truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+
+
+@pytest.mark.parametrize("name,kwargs", [("Adam8bit", {}), ("SGD", dict(momentum=0.9)), ("AdEMAMix", {})])
+def test_bitsandbytes_optimizers_the_view_does_not_rebuild_take_a_clone(name, kwargs, tmp_path):
+    """Every bitsandbytes optimizer shares one ``step``: 8-bit state, a 1-state optimizer and
+    AdEMAMix's three betas are cloned by the view (from the first step on), with figures equal to the
+    clone truth and the plain optimizer's trajectory."""
+    bnb = pytest.importorskip("bitsandbytes")
+    gen = torch.Generator().manual_seed(3)
+    named = [("w", torch.nn.Parameter(_initial("normal", (64, 128), gen)))]
+    plain_named = [("w", torch.nn.Parameter(named[0][1].detach().clone()))]
+    cls = getattr(bnb.optim, name)
+    opt = Monitored(cls)(named, lr=1e-3, **kwargs, monitor=MonitorConfig(backend="none", logdir=tmp_path))
+    plain = cls(plain_named, lr=1e-3, **kwargs)
+    assert type(opt.monitor.view).__name__ == "BnbAdamView"
+    w, q = named[0][1], plain_named[0][1]
+    for _ in range(STEPS):
+        w.grad = 1e-2 * torch.randn(w.shape, generator=gen)
+        q.grad = w.grad.clone()
+        before, grads = truth.snapshot(named)
+        opt.step()
+        plain.step()
+        assert isinstance(opt.monitor.view.before(opt.param_groups[0], w, opt.state[w]), Cloned)
+        truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+        assert torch.equal(w, q)
+
+
+def test_prodigy_keeps_two_numbers_and_sees_a_step_that_moved_nothing(tmp_path):
+    """Prodigy's view keeps d and k of the group before the step (numbers, no tensor); a first step
+    whose grads are all zero returns before moving p (k stays 0): no update, as the clone truth sees
+    it; the next one moves p."""
+    pytest.importorskip("prodigyopt")
+    gen = torch.Generator().manual_seed(4)
+    named = [("w", torch.nn.Parameter(_initial("normal", (64, 128), gen)))]
+    opt = _build("prodigy-decoupled", named, 1.0, MonitorConfig(backend="none", logdir=tmp_path))
+    w = named[0][1]
+    for grad in (torch.zeros(w.shape), 1e-2 * torch.randn(w.shape, generator=gen)):
+        w.grad = grad
+        group = opt.param_groups[0]
+        assert opt.monitor.view.before(group, w, opt.state[w]) == (group["d"], group["k"])
+        before, grads = truth.snapshot(named)
+        opt.step()
+        truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+        assert opt.monitor.latest["health/unchanged"] == float(not grad.any())
+    assert opt.param_groups[0]["k"] == 1
+
+def test_schedule_free_clones_where_its_rebuild_would_miss(tmp_path):
+    """AdamWScheduleFree at lr 1e-6: its lerp towards z loses p_b's last bit on a share of the
+    elements, a miss larger than MISS of the update's spread here, so ``before`` clones, and the
+    figures equal the clone truth; the rebuild alone (as the capture would invert it) misses."""
+    pytest.importorskip("schedulefree")
+    gen = torch.Generator().manual_seed(5)
+    named = [("w", torch.nn.Parameter(_initial("normal", (64, 128), gen)))]
+    opt = _build("sf-adamw", named, 1e-6, MonitorConfig(backend="none", logdir=tmp_path))
+    w, group = named[0][1], opt.param_groups[0]
+    for _ in range(3):
+        w.grad = 1e-2 * torch.randn(w.shape, generator=gen)
+        cloned = isinstance(opt.monitor.view.before(group, w, opt.state[w]), Cloned)
+        before, grads = truth.snapshot(named)
+        opt.step()
+        truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+    assert cloned  # the third step (w = 1/3)
+    rebuilt = opt.monitor.view.update(group, w, opt.state[w], None)
+    stored = (w.detach() - (w.detach() - rebuilt)).double()  # the capture's p_a - fl(p_a - d)
+    true = w.detach().double() - before["w"].double()
+    assert (stored - true).norm() > 5e-5 * (true - true.mean()).norm()
