@@ -9,19 +9,30 @@ compile time is printed): the mean iteration time (forward, backward, step) as a
 the kernels launched by one logging step beyond the plain step's (``torch.profiler``, CUDA
 activity), and the host syncs of one logging step (``torch.cuda.set_sync_debug_mode("warn")``
 turns each synchronizing call into a warning, which is counted).
+
+Then the clone fallback's device memory: a third-party optimizer without a view (sign SGD, defined
+tests/thirdparty.py), plain and monitored with every=1, on the same model: the peak device memory of one step
+beyond the memory held before it (``torch.cuda.max_memory_allocated``), as a share of the
+parameter bytes. Snapshots are staged through pinned host memory, so a logging step should hold a
+chunk more than the plain step, not a copy of the model.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import statistics
 import time
 import warnings
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from monitored_optim import Monitored, MonitorConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from thirdparty import SignSGD  # noqa: E402  (an optimizer the monitor has no view for)
 
 
 class Block(nn.Module):
@@ -104,6 +115,33 @@ def kernels_and_syncs(model, opt, tokens, device: str) -> tuple[int, int]:
     return launched, syncs
 
 
+def fallback_memory(args: argparse.Namespace, tokens: torch.Tensor) -> None:
+    """Peak device bytes of one optimizer step beyond those held before it, plain and monitored."""
+    if args.device != "cuda":
+        print("clone fallback: device memory is measured on CUDA only")
+        return
+    print(f"{'sign SGD (no view)':<22} {'step peak beyond held, % of parameter bytes':>44}")
+    for name, cls, extra in (("plain", SignSGD, {}),
+                             ("monitored every=1", Monitored(SignSGD), {"monitor": MonitorConfig(backend="none")})):
+        torch.manual_seed(0)
+        model = GPT2(args.layers, args.width, args.vocab).to(args.device)
+        opt = cls(model.named_parameters(), **extra)
+        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        peaks = []
+        for _ in range(3):
+            opt.zero_grad(set_to_none=False)
+            logits = model(tokens[:, :-1])
+            nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten()).backward()
+            del logits
+            torch.cuda.synchronize()
+            held = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            opt.step()
+            torch.cuda.synchronize()
+            peaks.append(torch.cuda.max_memory_allocated() - held)
+        print(f"{name:<22} {100 * max(peaks) / nbytes:>43.2f}%")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -149,6 +187,7 @@ def main() -> None:
         print(f"plain iteration {plain * 1e3:.1f} ms; parameters "
               f"{sum(p.numel() for p in runs['plain'][0].parameters()) / 1e6:.1f} M "
               f"({sum(1 for _ in runs['plain'][0].parameters())} tensors)")
+    fallback_memory(args, tokens)
 
 
 if __name__ == "__main__":

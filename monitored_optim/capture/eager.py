@@ -16,6 +16,7 @@ from torch import Tensor
 
 from .. import pieces, stats
 from ..updates import Cloned, Rows, View, rebuild
+from ..updates.clone import fetched
 from .plan import Entry
 from .rules import HALF_ULP, LOW_PRECISION, at_powers_of_two, at_powers_of_two_bound
 from .store import Part, Workspace, bounds, lost, stored_change, verify_miss, widened
@@ -47,7 +48,7 @@ class Eager:
         clone. ``fuse``: the fused route takes the entry where the view's snapshot is a copy or nothing.
         """
         if reason == "clone" or (reason is not None and not (self.verify or part.p.dtype in LOW_PRECISION)):
-            return Entry(name, group, part.p, Cloned(part.p.detach().clone()), part, lead)
+            return Entry(name, group, part.p, Cloned.of(part.p), part, lead)
         e = Entry(name, group, part.p, self.view.before(group, part.p, part.state), part, lead)
         e.fused = fuse and (e.snapshot is None or isinstance(e.snapshot, Cloned))
         if e.fused:  # its bounds come from the fused route
@@ -105,6 +106,7 @@ class Eager:
             return t if t is None or span is None else t.detach().view(-1)[span]
 
         p, before, clone = cut(e.p), cut(e.before), cut(e.clone)
+        before = before if before is None else fetched(before, p)  # a staged snapshot, back one part at a time
         u, meant = stored_change(p, result, before, e.extremes, work, meant=self.verify or p.dtype in LOW_PRECISION)
         if u is None:  # the view says nothing moved; verify mode checks that against its clone
             if clone is not None:

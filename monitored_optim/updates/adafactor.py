@@ -42,7 +42,7 @@ class AdafactorView(View):
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Tensor | Cloned:
         if group["eps"][0] is None and group["foreach"] and len(_dtypes_with_grad(group)) > 1:
-            return Cloned(p.detach().clone())
+            return Cloned.of(p)
         # also without a grad: a closure passed to step() may create one
         return p.detach().norm(2)  # torch's own call, so the same rounding
 

@@ -48,7 +48,7 @@ class AdagradView(View):
         if p.grad is None:
             return None
         if group["differentiable"] or (group["weight_decay"] != 0 and not _well_conditioned(group, p, state)):
-            return Cloned(p.detach().clone())
+            return Cloned.of(p)
         return None
 
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:

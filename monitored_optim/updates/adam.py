@@ -48,7 +48,7 @@ class AdamView(View):
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
         decoupled = group["decoupled_weight_decay"] and group["weight_decay"] != 0
         if decoupled and not decay_solvable(group):
-            return Cloned(p.detach().clone())  # lr·λ near 1: dividing by s would amplify rounding
+            return Cloned.of(p)  # lr·λ near 1: dividing by s would amplify rounding
         return None
 
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:

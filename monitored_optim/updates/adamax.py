@@ -35,7 +35,7 @@ class AdamaxView(View):
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
         if group["differentiable"]:
-            return Cloned(p.detach().clone())
+            return Cloned.of(p)
         return None
 
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:

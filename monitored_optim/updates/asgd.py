@@ -47,7 +47,7 @@ class AsgdView(View):
         if p.grad is None:
             return None
         if group["differentiable"]:
-            return Cloned(p.detach().clone())
+            return Cloned.of(p)
         if "eta" in state:
             return state["eta"].clone()
         return torch.as_tensor(to_scalar(group["lr"]), device=p.device, dtype=_get_scalar_dtype()).clone()

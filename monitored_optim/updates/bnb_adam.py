@@ -51,7 +51,7 @@ class BnbAdamView(View):
                 and isinstance(state.get("state1"), Tensor) and state["state1"].dtype == torch.float32
                 and isinstance(state.get("state2"), Tensor) and state["state2"].shape == p.shape)
         if not (adam and p.device.type == "cpu" and abs(s) * KAPPA_MAX >= 1.0 and not _overridden()):
-            return Cloned(p.detach().clone())
+            return Cloned.of(p)
         return None
 
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Stores | None:

@@ -14,16 +14,38 @@ from .view import View
 
 @dataclass(frozen=True)
 class Cloned:
-    """A snapshot holding a detached copy of ``p`` taken before the step."""
+    """A snapshot holding a detached copy of ``p`` taken before the step (in host memory, see :meth:`of`)."""
 
     before: Tensor
+
+    @classmethod
+    def of(cls, p: Tensor) -> Cloned:
+        """The snapshot of ``p`` before the step: a copy on its device, or in host memory where
+        ``p``'s device type is in :data:`STAGED` (copied asynchronously into pinned memory on CUDA),
+        so that a logging step holds no copy of the model on the device."""
+        x = p.detach()
+        if x.device.type not in STAGED:
+            return cls(x.clone())
+        host = torch.empty_like(x, device="cpu", pin_memory=x.is_cuda)
+        return cls(host.copy_(x, non_blocking=x.is_cuda))
 
     def update(self, p: Tensor) -> Tensor:
         """``p_after - p_before``, computed in float32 for bf16/fp16 parameters (exact there)."""
         after = p.detach()
+        before = fetched(self.before, after)
         if after.dtype.itemsize < 4 and after.is_floating_point():
-            return after.float() - self.before.float()
-        return after - self.before
+            return after.float() - before.float()
+        return after - before
+
+
+STAGED: frozenset[str] = frozenset({"cuda"})
+"""Device types whose snapshots (:meth:`Cloned.of`) are kept in host memory and brought back to the
+device a part at a time after the step (:func:`fetched`)."""
+
+
+def fetched(before: Tensor, like: Tensor) -> Tensor:
+    """``before`` on ``like``'s device: itself where it is there already, else a copy (one part)."""
+    return before if before.device == like.device else before.to(like.device, non_blocking=True)
 
 
 @dataclass(frozen=True)
@@ -74,7 +96,7 @@ class CloneView(View):
     elementwise = True
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned:
-        return Cloned(p.detach().clone())
+        return Cloned.of(p)
 
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Cloned) -> Tensor:
         return snapshot.update(p)

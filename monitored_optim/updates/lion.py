@@ -69,7 +69,7 @@ class LionView(View):
         s = self.factor(group)
         if not (self.covers(group, p) and p.device.type == "cpu" and not p.grad.is_sparse
                 and abs(float(s)) * KAPPA_MAX >= 1.0 and self._signs_rebuilt(group, p, state)):
-            return Cloned(p.detach().clone())
+            return Cloned.of(p)
         return None
 
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Stores | None:

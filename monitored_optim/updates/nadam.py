@@ -47,10 +47,10 @@ class NAdamView(View):
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
         if group["differentiable"]:
-            return Cloned(p.detach().clone())
+            return Cloned.of(p)
         stepped = p.grad is not None or bool(state)  # a never-stepped parameter needs no clone
         if stepped and _l2(group) and not _l2_well_conditioned(group, p, state):
-            return Cloned(p.detach().clone())
+            return Cloned.of(p)
         return None
 
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:

@@ -39,7 +39,7 @@ class ProdigyView(View):
             return None
         d, k = group["d"], group["k"]
         if group["lr"] == 0.0 or p.is_complex() or abs(_decay(group, _dlr(group, d, k))) * KAPPA_MAX < 1.0:
-            return Cloned(p.detach().clone())
+            return Cloned.of(p)
         return d, k
 
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any],

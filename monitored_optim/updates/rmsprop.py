@@ -45,7 +45,7 @@ class RMSpropView(View):
         if p.grad is None:
             return None
         if group["differentiable"] or (_solves(group) and not _well_conditioned(group, p, state)):
-            return Cloned(p.detach().clone())
+            return Cloned.of(p)
         return None
 
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:

@@ -35,7 +35,7 @@ class RpropView(View):
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
         if p.grad is not None and group["differentiable"]:
-            return Cloned(p.detach().clone())
+            return Cloned.of(p)
         return None
 
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:

@@ -65,13 +65,13 @@ class ScheduleFreeView(View):
         if p.grad is None:
             return None
         if p.device.type != "cpu" or p.is_complex() or "z" not in state:
-            return Cloned(p.detach().clone())
+            return Cloned.of(p)
         lr = self.lr(group)
         lr_max = max(lr, group["lr_max"])
         weight = _weight(group, group["k"], lr_max)
         w = _ratio(weight, group["weight_sum"] + weight)
         if w > 0.5:
-            return Cloned(p.detach().clone())
+            return Cloned.of(p)
         y, z, g = p.detach(), state["z"], self.normalized(group, p, state)
         alpha = lr * (self.beta(group) * (1 - w) - 1)
         y_a = y.lerp(z, w).add_(g, alpha=alpha)
@@ -79,7 +79,7 @@ class ScheduleFreeView(View):
         u = (y_a.double() - y.double())
         miss = (y_a - d).double().sub_(y.double())
         if not bool(miss.norm() <= MISS * (u - u.mean()).norm()):
-            return Cloned(p.detach().clone())
+            return Cloned.of(p)
         return None
 
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:

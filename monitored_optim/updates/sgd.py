@@ -45,7 +45,7 @@ class SgdView(View):
         exact_from_buffer = group["momentum"] != 0 and not group["nesterov"]
         if group["differentiable"] or not (exact_from_buffer or _is_zero(group["weight_decay"])
                                            or decay_solvable(group)):
-            return Cloned(p.detach().clone())
+            return Cloned.of(p)
         return None
 
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | Scaled | None:
