@@ -80,8 +80,8 @@ def rebuild(view: View, group: dict[str, Any], params: list[Tensor], states: lis
         One entry per parameter, in order: u as a tensor of the parameter's shape (float32 for
         bf16/fp16), a :class:`Scaled` tensor, or ``None`` where the step left it unchanged.
 
-    Raises:
-        Whatever the view raises; the built-in views raise nothing for states torch itself accepts.
+    It raises whatever the view raises; the built-in views raise nothing for states torch itself
+    accepts.
     """
     many = getattr(view, "update_many", None)
     if many is not None:
