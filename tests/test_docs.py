@@ -7,6 +7,7 @@ resolve fails it, as does any docstring that Sphinx cannot read.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -30,6 +31,11 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
     assert done.returncode == 0, done.stderr[-5000:]
     assert (tmp_path / "html" / "index.html").is_file()
     assert (tmp_path / "html" / "reference" / "api.html").read_text().count("monitored_optim.monitored.Monitored") > 0
+
+
+def test_the_pages_hold_python_blocks():
+    names = {page.relative_to(ROOT).as_posix() for page, _, _ in BLOCKS}
+    assert {"README.md", "docs/guides/trainers.md", "docs/guides/your-optimizer.md"} <= names, names
 
 
 def _trainer_objects(tmp_path) -> dict:
@@ -56,7 +62,7 @@ def namespace(code: str, tmp_path) -> dict:
     names = {"torch": torch, "Monitored": Monitored, "MonitorConfig": MonitorConfig, "model": model,
              "loader": [(torch.randn(16, 4), torch.randn(16, 2)) for _ in range(5)],
              "loss_fn": torch.nn.functional.mse_loss}
-    if "transformers." in code or "accelerator." in code:
+    if re.search(r"\b(transformers|accelerator|args|train|decay|no_decay)\b", code):
         names.update(_trainer_objects(tmp_path))
     return names
 
