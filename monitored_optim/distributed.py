@@ -1,7 +1,7 @@
 """Sharded and replicated training: every figure describes the whole parameter, written once.
 
 Under ``torch.distributed`` each rank holds a shard of each parameter, or a copy of it. On a
-logging step the monitor reads, through :attr:`Sharding.local`, only plain local tensors: the views
+logging step the monitor reads, through ``Sharding.local``, only plain local tensors: the views
 rebuild the update of the local shard, and :func:`monitored_optim.stats.moments` reduces p_before,
 grad and update of the local shard to ``(mean, m2)`` exactly as in the single-process path (no
 DTensor reduction, so no hidden collective). :meth:`Sharding.reduce` turns them into weighted power
@@ -20,22 +20,22 @@ gap between the shards' means), ~1e-5 of m2 for that weight on 256-element shard
 The weight ``w`` of a local shard is ``1 / (number of ranks holding that same shard)``, so that every
 element of every parameter counts exactly once over the world of ``W`` ranks:
 
-=====================================================  ==========================================
-parameter as the optimizer sees it                      w
-=====================================================  ==========================================
-plain tensor (DDP, tensor-parallel unplanned, ZeRO      ``1 / W`` (every rank holds a replica)
+========================================================  ==========================================
+parameter as the optimizer sees it                        w
+========================================================  ==========================================
+plain tensor (DDP, tensor-parallel unplanned, ZeRO        ``1 / W`` (every rank holds a replica)
 wrapped as the monitored class)
-``DTensor`` (FSDP2 ``fully_shard``, tensor parallel)    ``S / W``, S = product of the mesh sizes of
-                                                        the dimensions whose placement is not
-                                                        ``Replicate`` (``Shard``, ``_StridedShard``,
-                                                        any other); a ``Partial`` grad is first
-                                                        redistributed to the parameter's placements
-                                                        (one more collective, only then)
-FSDP1 parameter (``use_orig_params=True`` views, or     ``S / W``, S = size of the unit's sharding
-the ``FlatParameter`` itself, its padding excluded)     group (1 for ``NO_SHARD``)
-ZeRO inner optimizer (``optimizer_class=Monitored(…)``)  ``G / W`` on the rank owning the parameter in
-                                                        ZeRO's group of size G, 0 elsewhere
-=====================================================  ==========================================
+``DTensor`` (FSDP2 ``fully_shard``, tensor parallel)      ``S / W``, S = product of the mesh sizes of
+                                                          the dimensions whose placement is not
+                                                          ``Replicate`` (``Shard``, ``_StridedShard``,
+                                                          any other); a ``Partial`` grad is first
+                                                          redistributed to the parameter's placements
+                                                          (one more collective, only then)
+FSDP1 parameter (``use_orig_params=True`` views, or       ``S / W``, S = size of the unit's sharding
+the ``FlatParameter`` itself, its padding excluded)       group (1 for ``NO_SHARD``)
+ZeRO inner optimizer (``optimizer_class=Monitored(…)``)   ``G / W`` on the rank owning the parameter in
+                                                          ZeRO's group of size G, 0 elsewhere
+========================================================  ==========================================
 
 Uneven and empty shards need nothing special: an empty shard contributes ``n = 0`` (its NaN mean is
 masked). A value missing on a rank (no grad on an empty FSDP1 shard, an unchanged shard) counts as
@@ -220,11 +220,11 @@ class Sharding:
         table, then one device-to-host copy.
 
         A piece whose key is not in ``keys``, and a WHOLE piece of a parameter this rank holds only a
-        shard of, is left out and its key added to :attr:`left_out`.
+        shard of, is left out and its key added to ``left_out``.
 
         Args:
-            entries: the monitor's entries, in :attr:`local` order; each has ``.name``, ``.p`` (a local
-                shard from :attr:`local`) and ``.pieces``, a dict of float64 device tensors computed
+            entries: the monitor's entries, in ``local`` order; each has ``.name``, ``.p`` (a local
+                shard from ``local``) and ``.pieces``, a dict of float64 device tensors computed
                 from the local shard: ``"p"``, ``"grad"``, ``"u"`` (``(mean, m2)`` from
                 :func:`~monitored_optim.stats.moments`, shape ``(2,)``), ``"lost"`` (a count, shape
                 ``(1,)``), ``"exact"`` (a sum, :func:`~monitored_optim.capture.rules.at_powers_of_two`, shape
@@ -354,7 +354,7 @@ def _hosted(host: list[list[float]], slot: int, keys: dict[str, str]) -> tuple[f
 
 
 class _LocalOptimizer:
-    """What the monitor reads instead of a sharded optimizer (see :attr:`Sharding.local`)."""
+    """What the monitor reads instead of a sharded optimizer (see ``Sharding.local``)."""
 
     def __init__(self, param_groups: list[dict[str, Any]], state: _LocalState, defaults: dict[str, Any]) -> None:
         self.param_groups = param_groups
@@ -363,7 +363,7 @@ class _LocalOptimizer:
 
 
 class _LocalState:
-    """``state`` of :attr:`Sharding.local`: read-only, keyed by local shard, read at call time (the
+    """``state`` of ``Sharding.local``: read-only, keyed by local shard, read at call time (the
     optimizer creates its state lazily during the first step)."""
 
     def __init__(self, sharding: Sharding) -> None:

@@ -1,27 +1,21 @@
-"""The README's Python snippets run as written, on the objects their text presumes (a model, a data
-loader, a Trainer's arguments, an accelerator), so that they cannot drift from the library."""
+"""The README's training loop and the trainers page's snippets run as written and log what they say,
+on the objects their text presumes (a model, a data loader, a Trainer's arguments, an accelerator)."""
 
 from __future__ import annotations
 
-import re
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+from snippets import README, ROOT, python_blocks
+
+TRAINERS = ROOT / "docs" / "guides" / "trainers.md"
 
 
-def python_blocks() -> list[str]:
-    """The ```python blocks of the README, in order."""
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-
-
-def test_the_readme_has_the_snippets_this_test_runs():
-    blocks = python_blocks()
-    assert len(blocks) == 2, len(blocks)
-    assert "for x, y in loader:" in blocks[0] and "transformers.Trainer" in blocks[1]
+def test_the_pages_have_the_snippets_this_test_runs():
+    assert "for x, y in loader:" in python_blocks(README)[0]
+    assert "transformers.Trainer" in "".join(python_blocks(TRAINERS))
 
 
 def test_the_training_loop_snippet_runs_and_logs_every_step(tmp_path, monkeypatch):
@@ -31,7 +25,7 @@ def test_the_training_loop_snippet_runs_and_logs_every_step(tmp_path, monkeypatc
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     loader = [(torch.randn(16, 4), torch.randn(16, 2)) for _ in range(5)]
     namespace = {"model": model, "loader": loader, "loss_fn": torch.nn.functional.mse_loss}
-    exec(python_blocks()[0], namespace)
+    exec(python_blocks(README)[0], namespace)
     opt = namespace["opt"]
     assert opt.monitor.step == 5
     assert "update_to_data/0.weight" in opt.monitor.latest
@@ -39,7 +33,7 @@ def test_the_training_loop_snippet_runs_and_logs_every_step(tmp_path, monkeypatc
 
 
 def test_the_trainer_snippets_build_their_optimizers(tmp_path, monkeypatch):
-    """Each line of the "Use with your trainer" block, with a tiny GPT-2, TrainingArguments and an
+    """Each block of the trainers page, run in order in one namespace, with a tiny GPT-2, TrainingArguments and an
     accelerate Accelerator on the CPU."""
     transformers = pytest.importorskip("transformers")
     accelerate = pytest.importorskip("accelerate")
@@ -60,7 +54,7 @@ def test_the_trainer_snippets_build_their_optimizers(tmp_path, monkeypatch):
     namespace.update(torch=torch, Monitored=Monitored, MonitorConfig=MonitorConfig)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # the libraries' own
-        exec(python_blocks()[1], namespace)
+        exec("\n".join(python_blocks(TRAINERS)), namespace)
     assert isinstance(namespace["trainer"], transformers.Trainer)
     assert namespace["trainer"].optimizer.monitor.settings.backends == ("wandb",)
     with pytest.warns(UserWarning, match="two monitored optimizers log the same tags"):  # the first snippet's too

@@ -77,7 +77,7 @@ def rounding_risk(eps: Tensor, mean_sq_p: Tensor, std_p: Tensor, std_u: Tensor, 
                   exact: Tensor | None = None) -> Tensor:
     """Whether an inversion of the store may miss more than the tolerances allow, per parameter.
 
-    A store's spacing is about eps·|p|, and an element can be recovered wrongly by up to one spacing
+    A store's spacing is about ``eps·|p|``, and an element can be recovered wrongly by up to one spacing
     only where the spacing changes: where the step crossed a power of two, or where p sits exactly
     at one (p_before = 1.0 with an update below half a spacing stays at 1.0 and is recovered as
     1 - eps/2; one moving up from it is recovered from below). Two measures:
@@ -120,7 +120,7 @@ HALF_ULP = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
 
 def mantissa_gap(x: Tensor, out: Tensor | None = None) -> Tensor:
     """``fl(x + x·h) - x`` with h = :data:`HALF_ULP` of x's dtype, elementwise: 0 where x has no
-    mantissa bits (±2^k, and 0), nonzero where it has some and |x| >= 2^-102 (float32; 2^-969 for
+    mantissa bits (±2^k, and 0), nonzero where it has some and ``|x| >= 2^-102`` (float32; 2^-969 for
     float64), NaN at ±inf and NaN.
 
     There x·h is exact (a power-of-two scaling) and half a spacing of x or more: at ±2^k exactly
@@ -248,15 +248,15 @@ def at_powers_of_two_bound(p: Tensor, extremes: Tensor | None, work: Workspace |
 
     It is the count of nonzero
     elements exactly at a power of two (:func:`mantissa_gap` 0; ±inf count as not, nor does any
-    figure of a part holding them stay finite) times the larger square of p's :func:`bounds`, float64
+    figure of a part holding them stay finite) times the larger square of p's :func:`~monitored_optim.capture.store.bounds`, float64
     of shape (1,). None for a dtype other than float32/float64, without bounds, or for a part larger than ``work``'s
     buffer (the whole matrices of views that are not element-wise: Adafactor's, Muon's), whose
     measure would hold a temporary of their size before the step.
 
     Args:
         p: a float32/float64 part before the step (any shape).
-        extremes: its :func:`bounds`, shape (2,).
-        work: whose :meth:`Workspace.one` buffer holds the temporary (reused, so that the heap does
+        extremes: its :func:`~monitored_optim.capture.store.bounds`, shape (2,).
+        work: whose :meth:`~monitored_optim.capture.store.Workspace.one` buffer holds the temporary (reused, so that the heap does
             not fragment), or None (a temporary of its own).
     """
     too_large = work is not None and p.numel() * p.element_size() > work.nbytes

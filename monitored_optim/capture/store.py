@@ -5,7 +5,7 @@
   inverting the store's rounding in the parameter's own dtype:
   p_before = fl(fl(p_after - d) / s) for p_after = fl(fl(s·p_before) + d) (s = 1 - lr·λ under
   decoupled weight decay, else 1), then u = p_after - p_before (exact by Sterbenz's lemma).
-* **Parts** (:func:`parts`): a parameter of more than :data:`PART_ELEMENTS` elements whose view
+* **Parts** (:func:`parts`): a parameter of more than ``PART_ELEMENTS`` elements whose view
   is element-wise is reduced one flat slice at a time, so that no temporary is larger than a slice
   (the first logging step included).
 
@@ -64,7 +64,7 @@ class Part:
 
 def budget(total_bytes: int) -> int:
     """Bytes of parameters rebuilt at once on a logging step: 1/64 of the monitored parameters'
-    bytes, at least 256 KiB and at most 1 MiB (:data:`PART_ELEMENTS` of float32), so that the few
+    bytes, at least 256 KiB and at most 1 MiB (``PART_ELEMENTS`` of float32), so that the few
     temporaries of a chunk stay a small share of a small model and a few MiB of a large one."""
     return min(max(total_bytes // 64, 1 << 18), PART_ELEMENTS * 4)
 
@@ -180,8 +180,8 @@ def stores(intended: Tensor | Scaled | Stores, work: Workspace | None = None, fa
            ) -> tuple[list[tuple[Tensor, float]], float | Tensor]:
     """``(adds, s)`` of an update view's result: p_after = fl(...fl(fl(s·p_before) + d_1)... + d_k),
     each d as a pair ``(t, a)``, d = a·t: a dense tensor and 1 (new, the view's own, or, given
-    ``work``, a :class:`Workspace` buffer for the first :class:`Scaled` one formed), or, for a
-    :class:`Scaled` of a Python factor whose dense tensor has dtype ``factored``, its tensor and
+    ``work``, a :class:`Workspace` buffer for the first :class:`~monitored_optim.updates.clone.Scaled` one formed), or, for a
+    :class:`~monitored_optim.updates.clone.Scaled` of a Python factor whose dense tensor has dtype ``factored``, its tensor and
     factor, not formed (for ``torch.sub(p, t, alpha=a)``)."""
     if not isinstance(intended, Stores):
         intended = Stores((intended,))
@@ -226,7 +226,7 @@ def stored_change(p: Tensor, intended: Tensor | Scaled | Stores | None, before: 
         work: where the inversion's temporaries go (:class:`Workspace`; u then lives until its
             ``reset``); None: new tensors.
         meant: whether to return the intended update. Without it the inversion subtracts a
-            :class:`Scaled` d = f·r with a Python factor as ``torch.sub(p, r, alpha=f)``, one op
+            :class:`~monitored_optim.updates.clone.Scaled` d = f·r with a Python factor as ``torch.sub(p, r, alpha=f)``, one op
             and no temporary for d (the SGD store's own form, ``p.add_(buf, alpha=-lr)``).
 
     Returns:
@@ -281,9 +281,9 @@ def lost(u: Tensor, meant: Tensor | None, grad: Tensor | None) -> Tensor:
 
 def verify_miss(u: Tensor, truth: Tensor, meant: Tensor | None, p: Tensor) -> Tensor:
     """Verify mode: ``[||miss||, ||truth||]`` (float64, shape (2,)) of a part against the clone's
-    ``truth``. Per element, miss is the larger of the figure's error |u - truth| and the view's
-    error beyond what the store's rounding explains, max(|meant - truth| - r, 0) with
-    r = eps·(|p_after| + |p_before|) / 2 (half a spacing of each value; ``meant`` None: no view)."""
+    ``truth``. Per element, miss is the larger of the figure's error ``|u - truth|`` and the view's
+    error beyond what the store's rounding explains, ``max(|meant - truth| - r, 0)`` with
+    ``r = eps·(|p_after| + |p_before|) / 2`` (half a spacing of each value; ``meant`` None: no view)."""
     err = (u.to(truth.dtype) - truth).abs()
     if meant is not None:
         after = p.detach().to(truth.dtype)

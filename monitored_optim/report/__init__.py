@@ -13,7 +13,7 @@ Modules, one concern each, in the order data flows:
 
 The optional packages (``tensorboard``, ``rich``, ``matplotlib``) come with
 ``pip install 'monitored_optim[report]'``; they are imported only when needed, and a missing one
-raises :class:`ReportError` saying so.
+raises :class:`~monitored_optim.report.errors.ReportError` saying so.
 
 Example::
 

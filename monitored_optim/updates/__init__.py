@@ -74,8 +74,8 @@ def rebuild(view: View, group: dict[str, Any], params: list[Tensor], states: lis
         One entry per parameter, in order: u as a tensor of the parameter's shape (float32 for
         bf16/fp16), a :class:`Scaled` tensor, or ``None`` where the step left it unchanged.
 
-    Raises:
-        Whatever the view raises; the built-in views raise nothing for states torch itself accepts.
+    It raises whatever the view raises; the built-in views raise nothing for states torch itself
+    accepts.
     """
     return view.update_many(group, params, states, snapshots)
 
@@ -98,7 +98,7 @@ def view_for(cls: type[torch.optim.Optimizer]) -> View:
 
     Example: ``view_for(torch.optim.AdamW)`` is Adam's view (AdamW inherits ``Adam.step``); a
     subclass of Adam that overrides ``step`` gets :data:`~monitored_optim.updates.clone.CLONE`.
-    Third-party optimizers with a view in :mod:`~monitored_optim.updates.thirdparty` are registered
+    Third-party optimizers with a view in ``monitored_optim.updates.thirdparty`` are registered
     here, the first time one of them (or a subclass) is asked for.
     """
     for base, view in thirdparty.views_in(cls):

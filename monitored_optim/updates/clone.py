@@ -21,7 +21,7 @@ class Cloned:
     @classmethod
     def of(cls, p: Tensor) -> Cloned:
         """The snapshot of ``p`` before the step: a copy on its device, or in host memory where
-        ``p``'s device type is in :data:`STAGED` (copied asynchronously into pinned memory on CUDA),
+        ``p``'s device type is in ``STAGED`` (copied asynchronously into pinned memory on CUDA),
         so that a logging step holds no copy of the model on the device."""
         x = p.detach()
         if x.device.type not in STAGED:

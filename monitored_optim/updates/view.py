@@ -72,7 +72,7 @@ class View(abc.ABC):
 
     def fused(self, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]]
               ) -> tuple[Any, tuple[Any, ...], Tensor, Tensor | None] | None:
-        """The compiled capture's form of :meth:`update_many` (see :mod:`monitored_optim.fused`):
+        """The compiled capture's form of :meth:`update_many` (see :mod:`monitored_optim.capture.fused`):
         ``(rebuild, args, c, s)``, d = c·r with ``rebuild(*args)`` giving r per parameter and ``s``
         the decoupled-decay factor (None without it); None where it has none for these states.
         Default: None."""
