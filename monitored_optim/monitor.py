@@ -674,8 +674,8 @@ class Monitor:
         if len(compact) > self.settings.tag_budget and not self._told_budget:
             self._told_budget = True
             warn(f"monitored_optim: {len(compact)} tags per logging step even grouped by depth, above "
-                 f"the tag budget of {self.settings.tag_budget} for TensorBoard and W&B; choose what is "
-                 "monitored with MonitorConfig(params=..., figures=...) or raise tag_budget")
+                 f"the tag budget of {self.settings.tag_budget} for TensorBoard, W&B and MLflow; choose what "
+                 "is monitored with MonitorConfig(params=..., figures=...) or raise tag_budget")
         return compact
 
 
@@ -931,7 +931,7 @@ def _make_logdir(settings: Settings) -> None:
 def _check_installed(backends: tuple[str, ...]) -> None:
     import importlib.util
 
-    package = {"tensorboard": "tensorboardX", "wandb": "wandb", "jsonl": None}
+    package = {"tensorboard": "tensorboardX", "wandb": "wandb", "jsonl": None, "mlflow": "mlflow"}
     for name in backends:
         module = package[name]
         if module and importlib.util.find_spec(module) is None:
