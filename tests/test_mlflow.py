@@ -160,6 +160,19 @@ def test_every_tag_gets_a_valid_distinct_key(tracking, tmp_path, budget, request
         assert history(tracking, run.info.run_id, expected[2]) == expected
 
 
+def test_tags_that_would_share_a_key_get_keys_of_their_own(tracking, tmp_path, request):
+    torch.manual_seed(0)
+    a, b, c = (nn.Parameter(torch.randn(4, 4)) for _ in range(3))
+    groups = [{"params": [("w", a)]}, {"params": [("w", b), ("w_group1", c)]}]  # "w@group1" and "w_group1"
+    problem = models.Problem(nn.Module(), groups, lambda i: (a @ b @ c).pow(2).sum())
+    opt = train(problem, 2, backend="mlflow,jsonl", logdir=tmp_path / "run")
+    opt.monitor.close()
+    (run,) = runs(tracking, request.node.name)
+    assert {"update_to_data/w@group1", "update_to_data/w_group1"} <= set(opt.monitor.latest)
+    assert len(run.data.metrics) == len(opt.monitor.latest)
+    assert sorted(run.data.metrics.values()) == sorted(opt.monitor.latest.values())
+
+
 def test_more_figures_than_one_batch_takes(tracking, tmp_path, request):
     """Over MLflow's 1,000 metrics per ``log_batch``: every figure arrives."""
     torch.manual_seed(0)
