@@ -29,6 +29,7 @@ from ._warnings import warn
 from .backends import Fanout
 from .config import MonitorConfig, Settings, every_parameter, resolve
 from .health import Checks, Health
+from .history import History
 from .tags import DEFAULT_FAMILIES, family
 from .updates import CLONE, Cloned, Rows, View, elementwise, raw_step, rebuild, view_for
 from .families.base import Family
@@ -100,6 +101,7 @@ class Monitor:
         self.base_calls = 0
         self.latest: dict[str, float] = {}
         self.health = Health()
+        self._history = History()
         self._backends = Fanout(self.settings.backends, self.settings.logdir, self.settings.strict, self.settings.sinks)
         self._optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None
         self._watched: list[weakref.ref[torch.nn.Module]] = []
@@ -207,6 +209,53 @@ class Monitor:
         if optimizer is None:
             raise RuntimeError("monitored_optim: the optimizer of this monitor no longer exists")
         return describe(self, optimizer, _names(optimizer, self._model_names))
+
+    def history(self) -> Any:
+        """The figures of the logging steps kept in memory, as a pandas ``DataFrame``: one row per
+        logging step (index ``step``), one float32 column per tag, NaN where a step did not log it.
+
+        Bounded (:mod:`monitored_optim.history`): at most 4,194,304 values (16 MiB) in rows evenly
+        spaced over the whole run, and the last logging step.
+
+        Raises:
+            ImportError: pandas is not installed (``pip install 'monitored_optim[notebook]'``).
+        """
+        return self._history.frame()
+
+    def plot(self, params: str | None = None) -> Any:
+        """The report's update-to-data figure of this run, from memory, as a matplotlib ``Figure``
+        (shown inline by Jupyter; ``fig.savefig("u.png")`` writes it):
+        :func:`monitored_optim.report.draw_run`, ``params`` a glob on parameter names.
+
+        Raises:
+            ReportError: nothing logged yet, matplotlib is missing, or ``params`` matches no parameter.
+        """
+        from .report.plot import draw_run
+
+        return draw_run(self._run(), params=params)
+
+    def report(self, last: int = 20) -> Any:
+        """The report table of this run, from memory: a :class:`monitored_optim.report.Summary` (medians
+        over the ``last`` logging steps), which Jupyter renders as the table and ``print`` as text.
+
+        Raises:
+            ReportError: nothing logged yet.
+        """
+        from .report.summary import summarize
+
+        return summarize(self._run(), last)
+
+    def _run(self) -> Any:
+        """The history as the report's ``Run``, named after the optimizer's class, its parameters' kinds
+        from their shapes."""
+        from pathlib import Path
+
+        from .describe import kind
+
+        optimizer = self._optimizer()
+        groups = [] if optimizer is None else zip(optimizer.param_groups, _names(optimizer, self._model_names))
+        kinds = {self.settings.prefix + n: kind(p) for group, names in groups for n, p in zip(names, group["params"])}
+        return self._history.run(Path(self.settings.prefix + type(optimizer).__name__), kinds)
 
     def run(self, optimizer: torch.optim.Optimizer, step_fn: Callable[..., Any],
             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -660,6 +709,7 @@ class Monitor:
     def _log(self, figures: dict[str, float]) -> None:
         prefix = self.settings.prefix
         self.latest = {prefix + tag: value for tag, value in figures.items()} if prefix else figures
+        self._history.record(self._step, self.latest)
         self._logged = self._step
         _ALL.add(self)
         if distributed.is_writer():  # under torch.distributed only rank 0 opens and writes backends

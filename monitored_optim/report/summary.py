@@ -95,6 +95,18 @@ class Summary:
     health: dict[str, Count]
     globals: dict[str, Figure]
 
+    def __repr__(self) -> str:
+        """The report table as plain text, 80 columns (:func:`~monitored_optim.report.table.to_text`)."""
+        from .table import to_text
+
+        return to_text(self)
+
+    def _repr_html_(self) -> str:
+        """The report table as HTML, what Jupyter shows for a summary."""
+        from .table import to_text
+
+        return to_text(self, html=True)
+
 
 def rows_noun(params: list[Param]) -> str:
     """What ``params`` are, for a title: ``"parameters"``, or ``"depth groups"`` where each is a group
