@@ -40,7 +40,7 @@ def every_parameter(name: str, p: torch.Tensor) -> bool:
 
 
 DEFAULT_BACKEND = "tensorboard"
-DEFAULT_EVERY = 1
+DEFAULT_EVERY = 10
 COUNTS = ("updates", "calls")
 """What ``MonitorConfig.count`` may count: optimizer updates (default), or ``step()`` calls
 including those an AMP GradScaler skipped."""
@@ -63,8 +63,9 @@ class MonitorConfig:
         logdir: directory for TensorBoard event files and ``metrics.jsonl``. Default, as
             TensorBoard's ``SummaryWriter``: ``runs/<Mon><DD>_<HH-MM-SS>_<hostname>`` under the
             working directory. Environment: ``MONITORED_OPTIM_LOGDIR``.
-        every: log on optimizer steps where ``step % every == 0`` (int >= 1, default 1; the first
-            step is step 1). Environment: ``MONITORED_OPTIM_EVERY``.
+        every: log on optimizer steps where ``step % every == 0`` (int >= 1, default 10, since a
+            logging step costs several plain steps: the README's "Cost"; the first step is step 1).
+            Environment: ``MONITORED_OPTIM_EVERY``.
         prefix: prepended as ``"{prefix}/"`` to every tag, so that several optimizers (a GAN's
             generator and discriminator) can share a log directory and a W&B run. Letters, digits,
             ``_ . -`` only; default none.

@@ -81,7 +81,7 @@ def test_defaults_follow_tensorboard(monkeypatch):
     for var in ("MONITORED_OPTIM_BACKEND", "MONITORED_OPTIM_LOGDIR", "MONITORED_OPTIM_EVERY"):
         monkeypatch.delenv(var, raising=False)
     settings = resolve(None)
-    assert settings.backends == ("tensorboard",) and settings.every == 1
+    assert settings.backends == ("tensorboard",) and settings.every == 10  # README, "Cost": why 10
     assert settings.logdir.parent == Path("runs")
     assert settings.logdir.name.endswith("_" + __import__("socket").gethostname())
 
@@ -90,7 +90,7 @@ def test_empty_variable_counts_as_unset(monkeypatch):
     monkeypatch.setenv("MONITORED_OPTIM_BACKEND", "")
     monkeypatch.setenv("MONITORED_OPTIM_EVERY", "  ")
     settings = resolve(None)
-    assert settings.backends == ("tensorboard",) and settings.every == 1
+    assert settings.backends == ("tensorboard",) and settings.every == 10
 
 
 def test_none_backend_alone_and_not_in_a_list():

@@ -4,7 +4,6 @@ bounded), ``opt.monitor.plot()`` (the report's update-to-data figure) and ``opt.
 
 from __future__ import annotations
 
-import json
 import math
 import subprocess
 import sys
@@ -16,25 +15,14 @@ import pytest
 import torch
 
 import models
-from monitored_optim import Monitored, MonitorConfig
+from test_backends import read_jsonl
 from monitored_optim.history import History
 
 pd = pytest.importorskip("pandas")
 
 
-def read_jsonl(logdir: Path) -> dict[int, dict[str, float]]:
-    rows = [json.loads(line) for line in (logdir / "metrics.jsonl").read_text().splitlines()]
-    return {row.pop("step"): row for row in rows}
-
-
 def train(steps: int, **config) -> torch.optim.Optimizer:
-    problem = models.mlp()
-    opt = Monitored(torch.optim.AdamW)(problem.groups, lr=1e-2, monitor=MonitorConfig(**config))
-    for i in range(steps):
-        opt.zero_grad()
-        problem.loss(i).backward()
-        opt.step()
-    return opt
+    return models.train(models.mlp(), steps, **config)
 
 
 def test_history_is_one_row_per_logging_step_one_column_per_tag(tmp_path):
@@ -72,7 +60,7 @@ def test_history_without_pandas_names_the_extra(tmp_path):
         sys.modules["pandas"] = None  # as if pandas were not installed
         from monitored_optim import Monitored, MonitorConfig
         p = torch.nn.Parameter(torch.randn(4, 4))
-        opt = Monitored(torch.optim.SGD)([("w", p)], lr=0.1, monitor=MonitorConfig(backend="none"))
+        opt = Monitored(torch.optim.SGD)([("w", p)], lr=0.1, monitor=MonitorConfig(backend="none", every=1))
         p.grad = torch.ones(4, 4)
         opt.step()
         try:

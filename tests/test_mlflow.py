@@ -5,7 +5,6 @@ number is compared with ``metrics.jsonl`` written beside it."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,6 +17,8 @@ import torch
 from torch import nn
 
 import models
+from models import train
+from test_backends import read_jsonl
 from monitored_optim import Monitored, MonitorConfig
 from monitored_optim.grouping import summarize
 
@@ -53,11 +54,6 @@ def tracking(store, monkeypatch, request) -> MlflowClient:
         mlflow.end_run()
 
 
-def read_jsonl(logdir: Path) -> dict[int, dict[str, float]]:
-    rows = [json.loads(line) for line in (logdir / "metrics.jsonl").read_text().splitlines()]
-    return {row.pop("step"): row for row in rows}
-
-
 def runs(client: MlflowClient, experiment: str):
     found = client.get_experiment_by_name(experiment)
     return [] if found is None else client.search_runs([found.experiment_id])
@@ -76,15 +72,6 @@ def history(client: MlflowClient, run_id: str, keys) -> dict[int, dict[str, floa
 
 def as_keys(rows: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
     return {step: {metric_key(tag): value for tag, value in row.items()} for step, row in rows.items()}
-
-
-def train(problem: models.Problem, steps: int, **config) -> torch.optim.Optimizer:
-    opt = Monitored(torch.optim.AdamW)(problem.groups, lr=1e-2, monitor=MonitorConfig(**config))
-    for i in range(steps):
-        opt.zero_grad()
-        problem.loss(i).backward()
-        opt.step()
-    return opt
 
 
 def test_own_run_holds_every_step_and_is_ended_at_close(tracking, tmp_path, monkeypatch, request):
@@ -216,16 +203,10 @@ def test_a_store_that_cannot_open_is_warned_about(tracking, tmp_path, monkeypatc
 
 def test_own_run_is_ended_with_every_step_at_interpreter_exit(tracking, tmp_path, store, request):
     script = textwrap.dedent(f"""
-        import sys, torch
+        import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import models
-        from monitored_optim import Monitored, MonitorConfig
-        problem = models.mlp()
-        opt = Monitored(torch.optim.AdamW)(problem.groups, lr=1e-2, monitor=MonitorConfig(backend="mlflow"))
-        for i in range(3):
-            opt.zero_grad()
-            problem.loss(i).backward()
-            opt.step()
+        opt = models.train(models.mlp(), 3, backend="mlflow")
         print(opt.monitor.latest["global/grad_norm"])
     """)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]),
