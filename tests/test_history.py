@@ -103,3 +103,13 @@ def test_report_renders_as_html_and_text():
     text = repr(summary)
     assert text.startswith("MonitoredAdamW  (memory, 6 logged steps, last step 6)")
     assert "fc1.weight" in text and "verdict" in text and "<" not in text
+
+
+def test_plot_and_report_before_any_logging_step_say_so():
+    from monitored_optim.report import ReportError
+
+    opt = train(3, backend="none", every=10)
+    assert opt.monitor.history().empty
+    for show in (opt.monitor.plot, opt.monitor.report):
+        with pytest.raises(ReportError, match="nothing logged yet"):
+            show()

@@ -96,10 +96,15 @@ class Summary:
     globals: dict[str, Figure]
 
     def __repr__(self) -> str:
-        """The report table as plain text, 80 columns (:func:`~monitored_optim.report.table.to_text`)."""
+        """The report table as plain text, 80 columns (:func:`~monitored_optim.report.table.to_text`),
+        or, without ``rich``, the line that says how to install it."""
+        from .errors import ReportError
         from .table import to_text
 
-        return to_text(self)
+        try:
+            return to_text(self)
+        except ReportError as err:
+            return f"<Summary of {len(self.layers)} parameters: {err}>"
 
     def _repr_html_(self) -> str:
         """The report table as HTML, what Jupyter shows for a summary."""
