@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .tags import DEFAULT_FAMILIES, FAMILIES
-BACKENDS = ("tensorboard", "wandb", "jsonl")
+BACKENDS = ("tensorboard", "wandb", "jsonl", "mlflow")
 """Backend names accepted in ``MonitorConfig.backend`` and ``MONITORED_OPTIM_BACKEND`` (plus ``none``)."""
 
 ENV_BACKEND = "MONITORED_OPTIM_BACKEND"
@@ -40,7 +40,7 @@ def every_parameter(name: str, p: torch.Tensor) -> bool:
 
 
 DEFAULT_BACKEND = "tensorboard"
-DEFAULT_EVERY = 1
+DEFAULT_EVERY = 10
 COUNTS = ("updates", "calls")
 """What ``MonitorConfig.count`` may count: optimizer updates (default), or ``step()`` calls
 including those an AMP GradScaler skipped."""
@@ -54,8 +54,8 @@ class MonitorConfig:
     Each field left at ``None`` is read from its environment variable, then from the default.
 
     Args:
-        backend: ``"tensorboard"`` (default), ``"wandb"``, ``"jsonl"``, ``"none"``, a comma-separated
-            string of these, or a list or tuple of names (case-insensitive), which may also hold
+        backend: ``"tensorboard"`` (default), ``"wandb"``, ``"mlflow"``, ``"jsonl"``, ``"none"``, a
+            comma-separated string of these, or a list or tuple of names (case-insensitive), which may also hold
             your own sinks: objects with ``log(metrics, step)`` (and optionally ``close()``), or
             callables ``fn(metrics, step)`` (an alert, an early-stopping rule, a custom tracker).
             A sink gets every figure of a logging step (a ``dict[str, float]``) and the step, and
@@ -63,8 +63,9 @@ class MonitorConfig:
         logdir: directory for TensorBoard event files and ``metrics.jsonl``. Default, as
             TensorBoard's ``SummaryWriter``: ``runs/<Mon><DD>_<HH-MM-SS>_<hostname>`` under the
             working directory. Environment: ``MONITORED_OPTIM_LOGDIR``.
-        every: log on optimizer steps where ``step % every == 0`` (int >= 1, default 1; the first
-            step is step 1). Environment: ``MONITORED_OPTIM_EVERY``.
+        every: log on optimizer steps where ``step % every == 0`` (int >= 1, default 10, since a
+            logging step costs several plain steps: the README's "Cost"; the first step is step 1).
+            Environment: ``MONITORED_OPTIM_EVERY``.
         prefix: prepended as ``"{prefix}/"`` to every tag, so that several optimizers (a GAN's
             generator and discriminator) can share a log directory and a W&B run. Letters, digits,
             ``_ . -`` only; default none.
@@ -90,7 +91,7 @@ class MonitorConfig:
             from ``update_to_data``, ``grad_to_data``, ``norms``, ``lr``, ``health``,
             ``update_lost``, ``spikes``, ``state``, ``spectral``, or ``"all"``. Default: all but
             ``state`` and ``spectral``. Environment: ``MONITORED_OPTIM_FIGURES``.
-        tag_budget: the most tags one logging step sends to TensorBoard and W&B (int >= 1,
+        tag_budget: the most tags one logging step sends to TensorBoard, W&B and MLflow (int >= 1,
             default 2000); above it, parameters whose names differ only in a layer index are sent
             as min, median and max over depth (see the README's "Many parameters"), while
             ``metrics.jsonl`` keeps every per-parameter figure. Environment:

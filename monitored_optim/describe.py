@@ -66,6 +66,12 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, st
 _SKIPPED = "skipped (left out by the selection: params=, exclude= or MONITORED_OPTIM_PARAMS)"
 
 
+def kind(p: torch.Tensor) -> str:
+    """``"matrix"`` for a parameter of ndim >= 2 (embeddings included), else ``"vector"`` (biases,
+    norm gains, scalars): how the report judges its update-to-data ratio."""
+    return "matrix" if p.dim() >= 2 else "vector"
+
+
 def write_shapes(path: Path, prefix: str, params: list[tuple[str, torch.Tensor, torch.dtype]]) -> None:
     """Write ``path`` (``<logdir>/params.json``): each monitored parameter's shape, dtype and kind
     (``matrix``: ndim >= 2, embeddings included; ``vector``: biases, norm gains, scalars), for the
@@ -79,7 +85,7 @@ def write_shapes(path: Path, prefix: str, params: list[tuple[str, torch.Tensor, 
         params: ``(name, parameter, dtype)`` of each monitored parameter.
     """
     shapes = {prefix + name: {"shape": list(p.shape), "dtype": str(dtype).replace("torch.", ""),
-                              "kind": "matrix" if p.dim() >= 2 else "vector"} for name, p, dtype in params}
+                              "kind": kind(p)} for name, p, dtype in params}
     try:
         known = json.loads(path.read_text()) if path.exists() else {}
         path.write_text(json.dumps({**known, **shapes}, indent=1))

@@ -33,6 +33,7 @@ from .backends import Fanout
 from .capture import Capture, Workspace, closure_is_first, closure_of, with_grads_of_closure
 from .capture.plan import Entries, Entry, Roster, names as _names
 from .config import MonitorConfig, Settings, resolve
+from .history import History
 from .families.base import Family
 from .figures import Figures, group_lrs, tensor_lrs
 from .health import Health
@@ -100,6 +101,7 @@ class Monitor:
         self._piece_keys = {**pieces.CORE, **{key: how for fam in chosen for key, how in fam.pieces.items()}}
         self.capture = Capture(self.view, self.settings, chosen, self._reductions)
         self._figures = Figures(self.settings, chosen, self.health)
+        self._history = History()
         self._backends = Fanout(self.settings.backends, self.settings.logdir, self.settings.strict, self.settings.sinks)
         self._optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None
         self._watched: list[weakref.ref[torch.nn.Module]] = []
@@ -202,6 +204,53 @@ class Monitor:
         if optimizer is None:
             raise RuntimeError("monitored_optim: the optimizer of this monitor no longer exists")
         return describe(self, optimizer, self._model_names)
+
+    def history(self) -> Any:
+        """The figures of the logging steps kept in memory, as a pandas ``DataFrame``: one row per
+        logging step (index ``step``), one float32 column per tag, NaN where a step did not log it.
+
+        Bounded (``monitored_optim.history``): at most 4,194,304 values (16 MiB) in rows evenly
+        spaced over the whole run, and the last logging step.
+
+        Raises:
+            ImportError: pandas is not installed (``pip install 'monitored_optim[notebook]'``).
+        """
+        return self._history.frame()
+
+    def plot(self, params: str | None = None) -> Any:
+        """The report's update-to-data figure of this run, from memory, as a matplotlib ``Figure``
+        (shown inline by Jupyter; ``fig.savefig("u.png")`` writes it):
+        ``monitored_optim.report.draw_run``, ``params`` a glob on parameter names.
+
+        Raises:
+            ReportError: nothing logged yet, matplotlib is missing, or ``params`` matches no parameter.
+        """
+        from .report.plot import draw_run
+
+        return draw_run(self._run(), params=params)
+
+    def report(self, last: int = 20) -> Any:
+        """The report table of this run, from memory: a ``monitored_optim.report.Summary`` (medians
+        over the ``last`` logging steps), which Jupyter renders as the table and ``print`` as text.
+
+        Raises:
+            ReportError: nothing logged yet.
+        """
+        from .report.summary import summarize
+
+        return summarize(self._run(), last)
+
+    def _run(self) -> Any:
+        """The history as the report's ``Run``, named after the optimizer's class, its parameters' kinds
+        from their shapes."""
+        from pathlib import Path
+
+        from .describe import kind
+
+        optimizer = self._optimizer()
+        groups = [] if optimizer is None else zip(optimizer.param_groups, _names(optimizer, self._model_names))
+        kinds = {self.settings.prefix + n: kind(p) for group, names in groups for n, p in zip(names, group["params"])}
+        return self._history.run(Path(self.settings.prefix + type(optimizer).__name__), kinds)
 
     def run(self, optimizer: torch.optim.Optimizer, step_fn: Callable[..., Any],
             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -313,6 +362,7 @@ class Monitor:
         and the backends (over the tag budget, TensorBoard and W&B get the figures grouped by depth)."""
         prefix = self.settings.prefix
         self.latest = {prefix + tag: value for tag, value in figures.items()} if prefix else figures
+        self._history.record(self._step, self.latest)
         self._logged = self._step
         _ALL.add(self)
         if not distributed.is_writer():  # under torch.distributed only rank 0 opens and writes backends
@@ -334,8 +384,8 @@ class Monitor:
         if len(compact) > self.settings.tag_budget and not self._told_budget:
             self._told_budget = True
             warn(f"monitored_optim: {len(compact)} tags per logging step even grouped by depth, above "
-                 f"the tag budget of {self.settings.tag_budget} for TensorBoard and W&B; choose what is "
-                 "monitored with MonitorConfig(params=..., figures=...) or raise tag_budget")
+                 f"the tag budget of {self.settings.tag_budget} for TensorBoard, W&B and MLflow; choose what "
+                 "is monitored with MonitorConfig(params=..., figures=...) or raise tag_budget")
         return compact
 
 
@@ -396,7 +446,7 @@ def _make_logdir(settings: Settings) -> None:
 def _check_installed(backends: tuple[str, ...]) -> None:
     import importlib.util
 
-    package = {"tensorboard": "tensorboardX", "wandb": "wandb", "jsonl": None}
+    package = {"tensorboard": "tensorboardX", "wandb": "wandb", "jsonl": None, "mlflow": "mlflow"}
     for name in backends:
         module = package[name]
         if module and importlib.util.find_spec(module) is None:

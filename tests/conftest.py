@@ -1,4 +1,5 @@
-"""Test isolation: no network for W&B, no stray MONITORED_OPTIM_* settings from the caller's shell."""
+"""Test isolation: no network for W&B, no stray MONITORED_OPTIM_* settings from the caller's shell, and a
+logging step at every optimizer step unless a test says otherwise."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ def _isolated_environment(monkeypatch, tmp_path):
     for var in ("MONITORED_OPTIM_BACKEND", "MONITORED_OPTIM_LOGDIR", "MONITORED_OPTIM_EVERY", "MONITORED_OPTIM_COUNT",
                 "MONITORED_OPTIM_STRICT", "MONITORED_OPTIM_VERIFY"):
         monkeypatch.delenv(var, raising=False)
+    # the tests count on a figure at every step unless they set `every`; the library's default period
+    # (10) is tested in test_config.py, which resolves without this variable
+    monkeypatch.setenv("MONITORED_OPTIM_EVERY", "1")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))

@@ -35,6 +35,19 @@ class Problem:
         return [{**g, "params": list(g["params"])} for g in self.specs]
 
 
+def train(problem: Problem, steps: int, **config: Any) -> torch.optim.Optimizer:
+    """A monitored AdamW (lr 1e-2, ``MonitorConfig(**config)``) on ``problem``'s named groups, after
+    ``steps`` steps of its losses."""
+    from monitored_optim import Monitored, MonitorConfig
+
+    opt = Monitored(torch.optim.AdamW)(problem.groups, lr=1e-2, monitor=MonitorConfig(**config))
+    for i in range(steps):
+        opt.zero_grad()
+        problem.loss(i).backward()
+        opt.step()
+    return opt
+
+
 def mlp(dtype=torch.float32, bias=True, two_groups=True, group_overrides=None) -> Problem:
     """fc1 -> tanh -> fc2 on random regression data; ``unused`` gets no grad. Two param groups
     (fc1 | fc2 + unused) with different hyperparameters, unless ``two_groups`` is False."""

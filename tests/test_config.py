@@ -19,9 +19,9 @@ def build(**config):
 
 
 @pytest.mark.parametrize("var,value,allowed", [
-    ("MONITORED_OPTIM_BACKEND", "tensorbord", "tensorboard, wandb, jsonl, none"),
-    ("MONITORED_OPTIM_BACKEND", "jsonl,foo", "tensorboard, wandb, jsonl, none"),
-    ("MONITORED_OPTIM_BACKEND", ",", "tensorboard, wandb, jsonl, none"),
+    ("MONITORED_OPTIM_BACKEND", "tensorbord", "tensorboard, wandb, jsonl, mlflow, none"),
+    ("MONITORED_OPTIM_BACKEND", "jsonl,foo", "tensorboard, wandb, jsonl, mlflow, none"),
+    ("MONITORED_OPTIM_BACKEND", ",", "tensorboard, wandb, jsonl, mlflow, none"),
     ("MONITORED_OPTIM_EVERY", "0", "integer >= 1"),
     ("MONITORED_OPTIM_EVERY", "-3", "integer >= 1"),
     ("MONITORED_OPTIM_EVERY", "ten", "integer >= 1"),
@@ -37,10 +37,10 @@ def test_bad_environment_raises_at_construction(monkeypatch, var, value, allowed
 
 
 @pytest.mark.parametrize("field,value,allowed", [
-    ("backend", "tb", "tensorboard, wandb, jsonl, none"),
-    ("backend", ["jsonl", 3], "tensorboard, wandb, jsonl, none"),
-    ("backend", 123, "tensorboard, wandb, jsonl, none"),
-    ("backend", [], "tensorboard, wandb, jsonl, none"),
+    ("backend", "tb", "tensorboard, wandb, jsonl, mlflow, none"),
+    ("backend", ["jsonl", 3], "tensorboard, wandb, jsonl, mlflow, none"),
+    ("backend", 123, "tensorboard, wandb, jsonl, mlflow, none"),
+    ("backend", [], "tensorboard, wandb, jsonl, mlflow, none"),
     ("every", 0, "integer >= 1"),
     ("every", True, "integer >= 1"),
     ("every", 1.5, "integer >= 1"),
@@ -81,7 +81,7 @@ def test_defaults_follow_tensorboard(monkeypatch):
     for var in ("MONITORED_OPTIM_BACKEND", "MONITORED_OPTIM_LOGDIR", "MONITORED_OPTIM_EVERY"):
         monkeypatch.delenv(var, raising=False)
     settings = resolve(None)
-    assert settings.backends == ("tensorboard",) and settings.every == 1
+    assert settings.backends == ("tensorboard",) and settings.every == 10  # README, "Cost": why 10
     assert settings.logdir.parent == Path("runs")
     assert settings.logdir.name.endswith("_" + __import__("socket").gethostname())
 
@@ -90,7 +90,7 @@ def test_empty_variable_counts_as_unset(monkeypatch):
     monkeypatch.setenv("MONITORED_OPTIM_BACKEND", "")
     monkeypatch.setenv("MONITORED_OPTIM_EVERY", "  ")
     settings = resolve(None)
-    assert settings.backends == ("tensorboard",) and settings.every == 1
+    assert settings.backends == ("tensorboard",) and settings.every == 10
 
 
 def test_none_backend_alone_and_not_in_a_list():

@@ -32,7 +32,7 @@ def open_backend(name: str, logdir: Path) -> Backend:
 
     Raises:
         ValueError: unknown ``name``.
-        ImportError: the backend's package is missing (``pip install wandb``).
+        ImportError: the backend's package is missing (``pip install wandb``, ``pip install mlflow``).
     """
     if name == "tensorboard":
         from .tensorboard import TensorBoardBackend
@@ -46,6 +46,10 @@ def open_backend(name: str, logdir: Path) -> Backend:
         from .jsonl import JsonlBackend
 
         return JsonlBackend(logdir)
+    if name == "mlflow":
+        from .mlflow import MlflowBackend
+
+        return MlflowBackend()
     raise ValueError(f"unknown backend {name!r}")
 
 
@@ -56,7 +60,7 @@ _WRITERS = itertools.count()
 FILES = ("tensorboard", "jsonl")
 """The backends that write files in the logdir (a second process writing there is warned about: :mod:`.lock`)."""
 
-GROUPED = ("tensorboard", "wandb")
+GROUPED = ("tensorboard", "wandb", "mlflow")
 """The backends that get a logging step over the tag budget grouped by depth (dashboards)."""
 
 

@@ -1,16 +1,22 @@
-"""TensorBoard backend: one event per logging step holding every figure, written in the caller's thread."""
+"""TensorBoard backend: one event per logging step holding every figure, written in the caller's thread,
+and a Custom Scalars layout with one chart per figure series."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import struct
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from tensorboardX.proto.event_pb2 import Event
 from tensorboardX.proto.summary_pb2 import Summary
 from tensorboardX.record_writer import masked_crc32c
+from tensorboardX.summary import custom_scalars
+
+from ..tags import FAMILIES, family, split
 
 
 class TensorBoardBackend:
@@ -26,6 +32,9 @@ class TensorBoardBackend:
     survives. (``SummaryWriter`` hands events to a writer thread through a bounded queue: when that
     thread dies of ENOSPC, the queue fills and the next logging step blocks forever.)
 
+    The first :meth:`log` also writes the event file's Custom Scalars layout (:func:`layout`), so
+    that TensorBoard's *Custom Scalars* tab shows each figure series of every layer in one chart.
+
     Example: ``TensorBoardBackend(Path("runs/exp1")).log({"global/grad_norm": 0.5}, step=10)``
     writes an event file that ``tensorboard --logdir runs`` shows.
 
@@ -35,11 +44,16 @@ class TensorBoardBackend:
 
     def __init__(self, logdir: Path, filename_suffix: str = "") -> None:
         logdir.mkdir(parents=True, exist_ok=True)
+        self._logdir = logdir
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}{filename_suffix}"
         self._file = open(os.path.join(str(logdir), name), "ab", buffering=0)
         self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+        self._laid_out = False
 
     def log(self, metrics: dict[str, float], step: int) -> None:
+        if not self._laid_out:
+            self._write(Event(wall_time=time.time(), step=step, summary=layout(metrics, self._logdir)))
+            self._laid_out = True
         values = [Summary.Value(tag=tag, simple_value=value) for tag, value in metrics.items()]
         self._write(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
 
@@ -50,3 +64,33 @@ class TensorBoardBackend:
         data = event.SerializeToString()
         header = struct.pack("Q", len(data))
         self._file.write(header + struct.pack("I", masked_crc32c(header)) + data + struct.pack("I", masked_crc32c(data)))
+
+
+_CHARTS: dict[str, dict[tuple[str, str], dict[str, list]]] = {}
+"""Real path of a logdir -> the charts this process's writers there have laid out so far, by (prefix,
+family): each writer's layout holds them all, since TensorBoard shows one layout per run directory
+(two optimizers with prefixes sharing a logdir both get their charts)."""
+
+
+def layout(tags: Iterable[str], logdir: Path | None = None) -> Summary:
+    """The Custom Scalars layout of a run whose logging steps send ``tags``: a category per figure
+    family (``[prefix/]norms``, in the order of :data:`~monitored_optim.tags.FAMILIES`), in it a
+    multiline chart per series (``update_norm``) or run-wide head (``global``) present in ``tags``,
+    drawing every tag of it; with ``logdir``, also the charts this process laid out there before.
+
+    A chart names its tags by one regular expression, ``^{prefix}{series}/`` (TensorBoard matches it
+    against the run's tags when the tab is opened), so it holds every layer, and over the tag budget
+    every depth group's ``min``, ``median`` and ``max`` (``/argmin`` and ``/argmax``, layer indices,
+    are left out) beside the parameters left ungrouped. The summary is tensorboardX's
+    ``add_custom_scalars`` record: the tag ``custom_scalars__config__`` with a serialized ``Layout``.
+    """
+    charts = {} if logdir is None else _CHARTS.setdefault(os.path.realpath(logdir), {})
+    for tag in tags:
+        parts = split(tag)
+        if parts is None:
+            continue
+        prefix, kind, _ = parts
+        category = charts.setdefault((prefix, family(kind + "/_")), {})
+        category.setdefault(f"{prefix}{kind}", ["Multiline", [rf"^{re.escape(prefix + kind)}/(?!.*/arg(min|max)$)"]])
+    order = sorted(charts, key=lambda key: (key[0], FAMILIES.index(key[1]) if key[1] in FAMILIES else len(FAMILIES)))
+    return custom_scalars({prefix + name: charts[prefix, name] for prefix, name in order})

@@ -24,12 +24,12 @@ Example::
 """
 
 from .errors import ReportError
-from .plot import plot_heatmap, plot_run
+from .plot import draw_run, plot_heatmap, plot_run
 from .read import Run, load_run
 from .summary import (HEALTHY_BAND, REFERENCE, Count, Figure, Layer, Param, Summary, kind_of, parameters, rows_noun,
                       split_tag, summarize)
-from .table import print_report, render, shorten
+from .table import print_report, render, shorten, to_text
 
 __all__ = ["HEALTHY_BAND", "REFERENCE", "Count", "Figure", "Layer", "Param", "ReportError", "Run", "Summary",
-           "kind_of", "load_run", "parameters", "plot_heatmap", "plot_run", "print_report", "render", "rows_noun",
-           "shorten", "split_tag", "summarize"]
+           "draw_run", "kind_of", "load_run", "parameters", "plot_heatmap", "plot_run", "print_report", "render",
+           "rows_noun", "shorten", "split_tag", "summarize", "to_text"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import io
 import math
 import statistics
 from collections.abc import Callable
@@ -47,8 +48,20 @@ def _drawing(plot: Callable[..., Path]) -> Callable[..., Path]:
 
 @_drawing
 def plot_run(run: Run, path: str | Path, *, params: str | None = None, dpi: int = 110) -> Path:
-    """Draw the update-to-data ratio of a few parameters and the global norms; save it at ``path``
-    (format from the suffix, e.g. ``.png``).
+    """Draw :func:`draw_run`'s figure of ``run`` and save it at ``path`` (format from the suffix,
+    e.g. ``.png``; its directory must exist) at ``dpi``.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        ReportError: as :func:`draw_run`, or the file cannot be written.
+    """
+    return _save(draw_run(run, params=params), path, dpi)
+
+
+def draw_run(run: Run, *, params: str | None = None):
+    """The update-to-data ratio of a few parameters and the global norms, as a matplotlib ``Figure``.
 
     Top panel: ``[prefix/]update_to_data/{name}`` (log10 of std(update) / std(weights)) against the
     optimizer step for the chosen parameters, each in its own colour: matrices (ndim >= 2) as
@@ -60,14 +73,12 @@ def plot_run(run: Run, path: str | Path, *, params: str | None = None, dpi: int 
 
     Args:
         run: a run from :func:`~monitored_optim.report.read.load_run`.
-        path: the image file to write; its directory must exist.
         params: a glob on parameter labels (``"transformer.h.3.*"``; ``fnmatch`` rules) choosing the
             parameters drawn; default: the :data:`LINES` matrices with the highest and lowest median
             ratio over the run (every parameter when there are no more than :data:`LINES`).
-        dpi: resolution of the saved image.
 
     Returns:
-        ``path`` as a :class:`~pathlib.Path`.
+        A ``matplotlib.figure.Figure`` on an Agg canvas (Jupyter shows it inline).
 
     Raises:
         ReportError: matplotlib is not installed, ``params`` matches no parameter with a ratio, the
@@ -83,7 +94,7 @@ def plot_run(run: Run, path: str | Path, *, params: str | None = None, dpi: int 
     drawable = _with_ratio(run)
     fig.suptitle(f"{run.path.resolve().name}: update-to-data ratio ({run.source}; {len(chosen)} of "
                  f"{len(drawable)} {rows_noun(drawable)})", fontsize=11)
-    return _save(fig, path, dpi)
+    return fig
 
 
 @_drawing
@@ -154,7 +165,15 @@ def _figure(figsize: tuple[float, float]):
 
     fig = Figure(figsize=figsize, layout="constrained")
     FigureCanvasAgg(fig)
+    fig._repr_png_ = functools.partial(_png, fig)  # Jupyter shows it inline, pyplot imported or not
     return fig
+
+
+def _png(fig, dpi: int = 110) -> bytes:
+    """``fig`` as PNG bytes, as :func:`plot_run` saves it."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    return buffer.getvalue()
 
 
 def _save(fig, path: str | Path, dpi: int) -> Path:
@@ -177,7 +196,7 @@ def _with_ratio(run: Run) -> list[Param]:
 
 
 def _chosen(run: Run, pattern: str | None) -> list[Param]:
-    """The parameters :func:`plot_run` draws (see its ``params``)."""
+    """The parameters :func:`draw_run` draws (see its ``params``)."""
     params = _with_ratio(run)
     if pattern is not None:
         picked = [p for p in params if fnmatch.fnmatchcase(p.label, pattern)]

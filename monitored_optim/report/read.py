@@ -148,7 +148,7 @@ def _read_jsonl(run_dir: Path, file: Path) -> Run:
                               f'per line like {{"step": 10, "update_to_data/fc1.weight": -2.97}}') from None
     if not records:
         raise ReportError(f"{file}: no logged steps in the file; expected {EXPECTED}")
-    return _assemble(run_dir, "jsonl", records)
+    return assemble(run_dir, "jsonl", records)
 
 
 ROW_START = '{"step": '
@@ -219,10 +219,10 @@ def _read_tensorboard(run_dir: Path) -> Run:
     first_step = {tag: min(e.step for e in events[tag]) for tag in tags}
     tags.sort(key=first_step.__getitem__)  # stable: ties keep the reader's (write) order
     records = [(int(e.step), {tag: float(e.value)}) for tag in tags for e in events[tag]]
-    return _assemble(run_dir, "tensorboard", records)
+    return assemble(run_dir, "tensorboard", records)
 
 
-def _assemble(run_dir: Path, source: str, records: list[tuple[int, dict[str, float]]]) -> Run:
+def assemble(run_dir: Path, source: str, records: list[tuple[int, dict[str, float]]]) -> Run:
     """Build a :class:`Run` from ``(step, figures)`` records in write order.
 
     Per tag, a point at a step not after that tag's previous point starts over: the tag's points at

@@ -95,6 +95,23 @@ class Summary:
     health: dict[str, Count]
     globals: dict[str, Figure]
 
+    def __repr__(self) -> str:
+        """The report table as plain text, 80 columns (:func:`~monitored_optim.report.table.to_text`),
+        or, without ``rich``, the line that says how to install it."""
+        from .errors import ReportError
+        from .table import to_text
+
+        try:
+            return to_text(self)
+        except ReportError as err:
+            return f"<Summary of {len(self.layers)} parameters: {err}>"
+
+    def _repr_html_(self) -> str:
+        """The report table as HTML, what Jupyter shows for a summary."""
+        from .table import to_text
+
+        return to_text(self, html=True)
+
 
 def rows_noun(params: list[Param]) -> str:
     """What ``params`` are, for a title: ``"parameters"``, or ``"depth groups"`` where each is a group

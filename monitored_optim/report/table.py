@@ -164,6 +164,29 @@ def print_report(summary: Summary, file: TextIO | None = None) -> None:
         console.print(part)  # notes wrap between items only: each item's spaces are non-breaking
 
 
+def to_text(summary: Summary, width: int = WIDTH, html: bool = False) -> str:
+    """:func:`render` laid out in ``width`` columns, as plain text, or as an HTML ``<pre>`` block with
+    the colours inline (what Jupyter shows for a :class:`~monitored_optim.report.summary.Summary`).
+
+    Raises:
+        ReportError: ``rich`` is not installed.
+    """
+    require("rich", "rich")
+    import io
+
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=width, record=True, highlight=False, force_jupyter=False,
+                      color_system="truecolor" if html else None)
+    for part in render(summary, width):
+        console.print(part)
+    if not html:
+        return console.export_text()
+    return console.export_html(inline_styles=True, code_format=(
+        "<pre style=\"white-space:pre;overflow-x:auto;line-height:normal;"
+        "font-family:Menlo,'DejaVu Sans Mono',consolas,'Courier New',monospace\">{code}</pre>"))
+
+
 def _ratio(value: float | None, band: bool) -> str:
     """Two decimals, three where two would round onto a band edge (-1.999 is above the band)."""
     if value is None:

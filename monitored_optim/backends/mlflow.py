@@ -1,0 +1,92 @@
+"""MLflow backend: the active MLflow run if there is one, else a run of our own."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.entities import Metric
+
+MAX_KEY = 250
+"""The longest metric name MLflow accepts (``mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH``)."""
+
+MAX_BATCH = 1000
+"""The most metrics one ``log_batch`` request may carry (``MAX_METRICS_PER_BATCH``)."""
+
+_REFUSED = re.compile(r"[^/\w.\- ]")
+"""Characters MLflow refuses in a metric name: all but letters, digits, ``_ - .``, spaces and ``/``
+(it also takes ``:``, except on Windows, so ``:`` is replaced too)."""
+
+
+def metric_key(tag: str) -> str:
+    """The MLflow metric name of a monitor tag: ``tag`` itself where MLflow takes it.
+
+    A character MLflow refuses becomes ``_`` (``fc.weight@group1`` -> ``fc.weight_group1``, a depth
+    group's ``h.*.attn`` -> ``h._.attn``); a path component it would read as a path (empty, ``.``,
+    ``..``) becomes ``_``; a name over :data:`MAX_KEY` characters keeps its first 150 and last 90,
+    joined by 8 hex digits of the tag's SHA-1, so that long names stay apart.
+    """
+    key = "/".join("_" if part in ("", ".", "..") else _REFUSED.sub("_", part) for part in tag.split("/"))
+    if len(key) > MAX_KEY:
+        key = f"{key[:150]}-{_digest(tag)}-{key[-(MAX_KEY - 160):]}"
+    return key
+
+
+def _digest(tag: str) -> str:
+    return hashlib.sha1(tag.encode()).hexdigest()[:8]
+
+
+class MlflowBackend:
+    """Logs each step's figures as MLflow metrics at the optimizer step.
+
+    Each logging step is one ``MlflowClient.log_batch`` of ``Metric(key, value, timestamp, step)``
+    (several above :data:`MAX_BATCH` figures), keys from :func:`metric_key` (a key that two tags
+    would share gets ``-`` and 8 hex digits of the later tag's SHA-1). MLflow keeps a history per
+    key, so the figures sit at their optimizer step next to a trainer's own metrics at its steps.
+
+    The active run (``mlflow.active_run()``: the user's ``mlflow.start_run()``, the Hugging Face
+    Trainer's MLflow callback, or Lightning's ``MLFlowLogger`` given that run's ``run_id``) is reused
+    and left open at ``close``; otherwise ``mlflow.start_run()`` starts one configured by MLflow's
+    own variables (``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``, ``MLFLOW_RUN_ID``, ...),
+    which becomes the active run, and ``close`` ends it (at interpreter exit without ``close``,
+    MLflow's own exit hook ends it).
+
+    Example: ``MlflowBackend().log({"global/grad_norm": 0.5}, step=10)``.
+
+    Raises:
+        mlflow.exceptions.MlflowException: the store refuses the run or its metrics.
+    """
+
+    def __init__(self) -> None:
+        active = mlflow.active_run()
+        self._owned = active is None
+        self._run_id: str | None = (mlflow.start_run() if active is None else active).info.run_id
+        self._client = MlflowClient()
+        self._keys: dict[str, str] = {}
+        self._taken: set[str] = set()
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        stamp = int(time.time() * 1000)
+        batch = [Metric(self._key(tag), value, stamp, step) for tag, value in metrics.items()]
+        for start in range(0, len(batch), MAX_BATCH):
+            self._client.log_batch(self._run_id, metrics=batch[start:start + MAX_BATCH])
+
+    def close(self) -> None:
+        run_id, self._run_id = self._run_id, None
+        active = mlflow.active_run()
+        if self._owned and active is not None and active.info.run_id == run_id:
+            mlflow.end_run()
+
+    def _key(self, tag: str) -> str:
+        """The key of ``tag`` in this run, the same at every step and no other tag's."""
+        key = self._keys.get(tag)
+        if key is None:
+            key = metric_key(tag)
+            if key in self._taken:
+                key = f"{key[:MAX_KEY - 9]}-{_digest(tag)}"
+            self._keys[tag] = key
+            self._taken.add(key)
+        return key

@@ -1,0 +1,164 @@
+"""TensorBoard's Custom Scalars tab: the event files carry a layout with one chart per figure series
+(every layer's ``update_to_data`` in one chart, each norm in one), read back from a real TensorBoard
+server started on the run directory, through the HTTP API its web page uses."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import models
+from monitored_optim import Monitored, MonitorConfig
+
+pytest.importorskip("tensorboard")
+
+SERIES = ("update_to_data", "grad_to_data", "update_norm", "grad_norm", "param_norm")
+
+
+class Deep(nn.Module):
+    """Eight identical layers and a head: grouped by depth over a small tag budget."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(8))
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.head(x)
+
+
+def train(logdir: Path, **config) -> torch.optim.Optimizer:
+    model = Deep()
+    x = torch.randn(4, 16, 4)
+    opt = Monitored(torch.optim.AdamW)(model.named_parameters(), lr=1e-2, monitor=MonitorConfig(
+        backend="tensorboard", logdir=logdir, **config))
+    for i in range(3):
+        opt.zero_grad()
+        model(x[i]).pow(2).mean().backward()
+        opt.step()
+    opt.monitor.close()
+    return opt
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(port: int, path: str, **query):
+    url = f"http://127.0.0.1:{port}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture
+def tensorboard():
+    """Start a real TensorBoard on a directory; yields ``start(logdir) -> port``; stopped after."""
+    started = []
+
+    def start(logdir: Path, runs: set[str]) -> int:
+        port = free_port()
+        command = shutil.which("tensorboard", path=str(Path(sys.executable).parent))
+        started.append(subprocess.Popen([command, "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port),
+                                         "--reload_interval", "1"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        for _ in range(120):  # until it has read every run (a minute at most)
+            try:
+                if runs <= set(get(port, "/data/plugin/scalars/tags")):
+                    return port
+            except OSError:
+                pass
+            assert started[-1].poll() is None, started[-1].stderr.read().decode()
+            time.sleep(0.5)
+        raise AssertionError("TensorBoard did not serve the runs in a minute")
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait()
+        process.stderr.close()
+
+
+def charts(layout: dict) -> dict[str, list[str]]:
+    """``category/chart title`` -> its tag regexes, from the layout TensorBoard serves."""
+    return {f"{category['title']}/{chart['title']}": chart["multiline"]["tag"]
+            for category in layout["category"] for chart in category["chart"]}
+
+
+def lines(port: int, run: str, regexes: list[str]) -> set[str]:
+    """The tags the Custom Scalars tab draws in a chart of ``regexes`` for ``run`` (its own query)."""
+    out = set()
+    for regex in regexes:
+        answer = get(port, "/data/plugin/custom_scalars/scalars", run=run, tag=regex)
+        assert answer["regex_valid"], regex
+        out |= set(answer["tag_to_events"])
+    return out
+
+
+def test_custom_scalars_tab_has_one_chart_per_series(tmp_path, tensorboard):
+    layers = train(tmp_path / "runs" / "layers")
+    with pytest.warns(UserWarning, match="tags per logging step even grouped by depth"):
+        grouped = train(tmp_path / "runs" / "grouped", tag_budget=20, prefix="gen")
+    train(tmp_path / "runs" / "shared", prefix="g")
+    train(tmp_path / "runs" / "shared", prefix="d")  # a GAN's two optimizers in one logdir
+    port = tensorboard(tmp_path / "runs", {"layers", "grouped", "shared"})
+    layout = charts(get(port, "/data/plugin/custom_scalars/layout"))  # read with the runs' scalars
+    tags = get(port, "/data/plugin/scalars/tags")
+    for series in SERIES:
+        # one chart with every layer's figure of the series
+        every_layer = {tag for tag in layers.monitor.latest if tag.startswith(series + "/")}
+        assert len(every_layer) >= 17  # every parameter (a one-element bias has no ratio)
+        assert every_layer <= set(tags["layers"])
+        assert lines(port, "layers", layout[_chart(series)]) == every_layer
+        # over the tag budget: every depth group's min, median and max, and the head's own
+        drawn = lines(port, "grouped", layout[_chart(series, "gen/")])
+        groups = {f"gen/{series}/layers.*.{kind}/{stat}" for kind in ("weight", "bias")
+                  for stat in ("min", "median", "max")}
+        head = {f"gen/{series}/head.weight", f"gen/{series}/head.bias"} & set(grouped.monitor.latest)
+        assert drawn == groups | head, drawn
+        assert drawn <= set(tags["grouped"])
+    assert lines(port, "layers", layout[_chart("global")]) == {
+        "global/update_norm", "global/grad_norm", "global/param_norm"}
+    assert lines(port, "layers", layout[_chart("lr")]) == {"lr/group0"}
+    assert {"health/no_grad", "health/nonfinite"} <= lines(port, "layers", layout[_chart("health")])
+    assert set(grouped.monitor.latest) >= {f"gen/update_to_data/layers.{i}.weight" for i in range(8)}
+    for prefix in ("g/", "d/"):  # TensorBoard shows one layout per run directory: it has both
+        assert lines(port, "shared", layout[_chart("update_to_data", prefix)]) == {
+            f"{prefix}update_to_data/{name}" for name, _ in Deep().named_parameters() if name != "head.bias"}
+    assert layers.monitor.step == 3
+
+
+def _chart(series: str, prefix: str = "") -> str:
+    """The layout key (category/title) of the chart of ``series``: the category is its family."""
+    from monitored_optim.tags import family
+
+    return f"{prefix}{family(series + '/x')}/{prefix}{series}"
+
+
+def test_layout_is_written_once_per_event_file(tmp_path):
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    train(tmp_path / "run")
+    train(tmp_path / "run")  # resumed into the same directory: a second event file
+    files = sorted((tmp_path / "run").glob("events.out.tfevents.*"))
+    assert len(files) == 2
+    for file in files:
+        configs = [value for event in EventFileLoader(str(file)).Load() for value in event.summary.value
+                   if value.metadata.plugin_data.plugin_name == "custom_scalars"]
+        assert len(configs) == 1 and configs[0].tag == "custom_scalars__config__"
