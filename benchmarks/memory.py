@@ -129,6 +129,35 @@ OPTIMIZERS = {
     "sgd-momentum": (torch.optim.SGD, dict(lr=1e-2, momentum=0.9)),
     "adafactor": (torch.optim.Adafactor, dict(lr=1e-2)),
 }
+"""Optimizer name -> (class, keyword arguments); the third-party ones with a view are added below
+where their package is installed."""
+
+
+def _third_party() -> dict[str, tuple[type, dict]]:
+    """The third-party optimizers with a view whose package is installed."""
+    import importlib
+
+    found = {}
+    for name, module, cls, kwargs in (
+            ("lion", "lion_pytorch", "Lion", dict(lr=1e-4)),
+            ("prodigy", "prodigyopt", "Prodigy", dict(lr=1.0, weight_decay=0.1)),
+            ("schedulefree-adamw", "schedulefree", "AdamWScheduleFree", dict(lr=1e-3, weight_decay=0.1)),
+            ("hf-adafactor", "transformers.optimization", "Adafactor",
+             dict(lr=1e-3, scale_parameter=False, relative_step=False)),
+            ("bnb-adamw32", "bitsandbytes.optim", "AdamW", dict(lr=6e-4, weight_decay=0.1, optim_bits=32))):
+        try:
+            found[name] = (getattr(importlib.import_module(module), cls), kwargs)
+        except Exception:  # noqa: BLE001 - not installed, or not importable here
+            continue
+    return found
+
+
+def _built(cls: type, params: list, kwargs: dict, **extra) -> torch.optim.Optimizer:
+    """``cls(params, **kwargs, **extra)``, in train mode for a schedule-free optimizer."""
+    opt = cls(params, **kwargs, **extra)
+    if callable(getattr(opt, "train", None)):
+        opt.train()
+    return opt
 
 
 def _steps(name: str, monitored: bool, steps: int = 3, track: bool = False) -> tuple[int, int]:
@@ -138,11 +167,11 @@ def _steps(name: str, monitored: bool, steps: int = 3, track: bool = False) -> t
     from monitored_optim import Monitored, MonitorConfig
 
     named = gpt2_shaped()
-    cls, kwargs = OPTIMIZERS[name]
+    cls, kwargs = {**OPTIMIZERS, **_third_party()}[name]
     if monitored:
-        opt = Monitored(cls)(named, **kwargs, monitor=MonitorConfig(backend="none"))
+        opt = _built(Monitored(cls), named, kwargs, monitor=MonitorConfig(backend="none"))
     else:
-        opt = cls([p for _, p in named], **kwargs)
+        opt = _built(cls, [p for _, p in named], kwargs)
     gen = torch.Generator().manual_seed(1)
     peak = 0
     for _ in range(steps):
@@ -167,8 +196,8 @@ def _warm(name: str) -> None:
     from monitored_optim import Monitored, MonitorConfig
 
     layer = torch.nn.Linear(256, 512)  # a weight above fused.SMALL, cut in two parts: the per-part path's kernels run too
-    cls, kwargs = OPTIMIZERS[name]
-    opt = Monitored(cls)(layer.named_parameters(), **kwargs, monitor=MonitorConfig(backend="none"))
+    cls, kwargs = {**OPTIMIZERS, **_third_party()}[name]
+    opt = _built(Monitored(cls), list(layer.named_parameters()), kwargs, monitor=MonitorConfig(backend="none"))
     for _ in range(2):
         layer(torch.randn(4, 256)).sum().backward()
         opt.step()
@@ -219,7 +248,7 @@ def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         _child(sys.argv[2], sys.argv[3] == "1")
         return
-    names = sys.argv[1:] or list(OPTIMIZERS)
+    names = sys.argv[1:] or [*OPTIMIZERS, *_third_party()]
     print(f"extra memory of logging steps, % of parameter bytes (every step a logging step); peak RSS: "
           f"median of {PAIRS} fresh pairs, and with a fixed mmap threshold")
     print("optimizer      tracked   peak RSS (spread of plain)   fixed threshold   file-backed")
