@@ -56,7 +56,7 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, st
     for group, own in zip(optimizer.param_groups, plan.names):
         for name, p in zip(own, group["params"]):
             rows.append((name, "x".join(map(str, p.shape)) or "scalar", str(p.dtype).replace("torch.", ""),
-                         "matrix" if p.dim() >= 2 else "vector", shown.get(id(p), _SKIPPED)))
+                         kind(p), shown.get(id(p), _SKIPPED)))
     widths = [max(len(row[c]) for row in rows) for c in range(4)]
     lines.append("")
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows]

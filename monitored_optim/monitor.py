@@ -98,7 +98,7 @@ class Monitor:
         self.health = Health()
         chosen = families.build(self.settings.figures)
         self._reductions = pieces.declared(chosen)  # head of each piece key -> its reduction
-        self._piece_keys = {**pieces.CORE, **{key: how for fam in chosen for key, how in fam.pieces.items()}}
+        self._piece_keys = pieces.keys(chosen)  # the sharded table's rows per parameter
         self.capture = Capture(self.view, self.settings, chosen, self._reductions)
         self._figures = Figures(self.settings, chosen, self.health)
         self._history = History()
@@ -206,8 +206,10 @@ class Monitor:
         return describe(self, optimizer, self._model_names)
 
     def history(self) -> Any:
-        """The figures of the logging steps kept in memory, as a pandas ``DataFrame``: one row per
-        logging step (index ``step``), one float32 column per tag, NaN where a step did not log it.
+        """The figures of the logging steps kept in memory, as a pandas ``DataFrame``.
+
+        One row per logging step (index ``step``), one float32 column per tag, NaN where a step did
+        not log it.
 
         Bounded (``monitored_optim.history``): at most 4,194,304 values (16 MiB) in rows evenly
         spaced over the whole run, and the last logging step.
@@ -218,9 +220,10 @@ class Monitor:
         return self._history.frame()
 
     def plot(self, params: str | None = None) -> Any:
-        """The report's update-to-data figure of this run, from memory, as a matplotlib ``Figure``
-        (shown inline by Jupyter; ``fig.savefig("u.png")`` writes it):
-        ``monitored_optim.report.draw_run``, ``params`` a glob on parameter names.
+        """The report's update-to-data figure of this run, from memory, as a matplotlib ``Figure``.
+
+        Jupyter shows it inline; ``fig.savefig("u.png")`` writes it (``monitored_optim.report.draw_run``).
+        ``params``: a glob on parameter names (default: the report's choice of matrices).
 
         Raises:
             ReportError: nothing logged yet, matplotlib is missing, or ``params`` matches no parameter.
@@ -230,8 +233,10 @@ class Monitor:
         return draw_run(self._run(), params=params)
 
     def report(self, last: int = 20) -> Any:
-        """The report table of this run, from memory: a ``monitored_optim.report.Summary`` (medians
-        over the ``last`` logging steps), which Jupyter renders as the table and ``print`` as text.
+        """The report table of this run, from memory, as a ``monitored_optim.report.Summary``.
+
+        Medians cover the ``last`` logging steps (int >= 1); Jupyter renders it as the table and
+        ``print`` as text.
 
         Raises:
             ReportError: nothing logged yet.
@@ -241,8 +246,7 @@ class Monitor:
         return summarize(self._run(), last)
 
     def _run(self) -> Any:
-        """The history as the report's ``Run``, named after the optimizer's class, its parameters' kinds
-        from their shapes."""
+        """The history as the report's ``Run``, named after the optimizer's class; kinds from shapes."""
         from pathlib import Path
 
         from .describe import kind
@@ -250,7 +254,8 @@ class Monitor:
         optimizer = self._optimizer()
         groups = [] if optimizer is None else zip(optimizer.param_groups, _names(optimizer, self._model_names))
         kinds = {self.settings.prefix + n: kind(p) for group, names in groups for n, p in zip(names, group["params"])}
-        return self._history.run(Path(self.settings.prefix + type(optimizer).__name__), kinds)
+        label = type(optimizer).__name__ if optimizer is not None else "run"
+        return self._history.run(Path(self.settings.prefix + label), kinds)
 
     def run(self, optimizer: torch.optim.Optimizer, step_fn: Callable[..., Any],
             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -359,7 +364,7 @@ class Monitor:
 
     def _deliver(self, figures: dict[str, float], entries: Entries, roster: Roster) -> None:
         """Stage 7: ``latest``, then on the writing rank ``params.json`` (when the parameters changed)
-        and the backends (over the tag budget, TensorBoard and W&B get the figures grouped by depth)."""
+        and the backends (over the tag budget, the dashboards get the figures grouped by depth)."""
         prefix = self.settings.prefix
         self.latest = {prefix + tag: value for tag, value in figures.items()} if prefix else figures
         self._history.record(self._step, self.latest)

@@ -49,6 +49,12 @@ def declared(families: Iterable[object]) -> dict[str, str]:
     return out
 
 
+def keys(families: Iterable[object]) -> dict[str, str]:
+    """Every full key -> reduction: :data:`CORE` then each family's ``pieces``, in that order (the
+    rows per parameter of the sharded table; ``"p"`` first)."""
+    return {**CORE, **{key: how for fam in families for key, how in getattr(fam, "pieces", {}).items()}}
+
+
 def combine(how: str, held: Tensor, value: Tensor) -> Tensor:
     """Two parts' values of one key, as one: NORM by ``hypot``, SUM (and the others) added."""
     return torch.hypot(held, value) if how == NORM else held + value

@@ -79,9 +79,7 @@ class Capture:
         key = fingerprint(optimizer, (ways, cloned, len(known)))
         held = self.plan if self.plan is not None and self.plan.key == key else None
         named = held.names if held is not None else names(optimizer, known)
-        select = self.settings.select
-        mask = None if select is every_parameter else [select(n, p) for group, own in zip(optimizer.param_groups, named)
-                                                       for n, p in zip(own, group["params"])]
+        mask = self._mask(optimizer, named)
         if held is not None and held.mask == mask:
             return held
         self.plan = self.build(optimizer, key, named, mask, ways, cloned)
@@ -92,9 +90,16 @@ class Capture:
         """The plan of a logging step with the fused routes allowed, for ``describe()``; not kept."""
         named = names(optimizer, known)
         ways = tuple(self.fused.way(group) for group in optimizer.param_groups)
-        mask = [self.settings.select(n, p) for group, own in zip(optimizer.param_groups, named)
-                for n, p in zip(own, group["params"])]
-        return self.build(optimizer, [], named, mask, ways)
+        return self.build(optimizer, [], named, self._mask(optimizer, named), ways)
+
+    def _mask(self, optimizer: torch.optim.Optimizer, named: list[list[str]]) -> list[bool] | None:
+        """Per parameter, whether the selection chooses it; None where it chooses every parameter.
+
+        A ``MonitorConfig(params=...)`` callable is asked again each time."""
+        select = self.settings.select
+        if select is every_parameter:
+            return None
+        return [select(n, p) for group, own in zip(optimizer.param_groups, named) for n, p in zip(own, group["params"])]
 
     def build(self, optimizer: torch.optim.Optimizer, key: list[Any], named: list[list[str]], mask: list[bool] | None,
               ways: tuple[str | None, ...], cloned: frozenset[int] = frozenset()) -> Plan:
