@@ -146,9 +146,11 @@ class Monitor:
             self._step += 1
 
     def attach(self, optimizer: torch.optim.Optimizer) -> None:
-        """Bind to the optimizer once it is built: watch ``config.model``, warn about unnamed
-        parameters, find matrices the snapshot rule takes from the first logging step."""
+        """Bind to the optimizer once it is built: bind the view to it, watch ``config.model``, warn
+        about unnamed parameters, find matrices the snapshot rule takes from the first logging step."""
         self._optimizer = weakref.ref(optimizer)
+        self.view = self.view.bound(optimizer)
+        self.capture.use(self.view)
         if self.config is not None and self.config.model is not None:
             self.watch(self.config.model)
         known = self._model_names

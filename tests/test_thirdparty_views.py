@@ -163,11 +163,13 @@ def test_lion_signs_within_rounding_of_zero_take_a_clone(case, tmp_path):
     truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
 
 
-@pytest.mark.parametrize("name,kwargs", [("Adam8bit", {}), ("SGD", dict(momentum=0.9)), ("AdEMAMix", {})])
+@pytest.mark.parametrize("name,kwargs", [("Adam8bit", {}), ("AdamW", dict(optim_bits=8)), ("SGD", dict(momentum=0.9)),
+                                         ("AdEMAMix", {}), ("LAMB", dict(optim_bits=32))])
 def test_bitsandbytes_optimizers_the_view_does_not_rebuild_take_a_clone(name, kwargs, tmp_path):
-    """Every bitsandbytes optimizer shares one ``step``: 8-bit state, a 1-state optimizer and
-    AdEMAMix's three betas are cloned by the view (from the first step on), with figures equal to the
-    clone truth and the plain optimizer's trajectory."""
+    """Every bitsandbytes optimizer shares one ``step``: 8-bit state, a 1-state optimizer,
+    AdEMAMix's three betas and LAMB (32-bit, with ``max_unorm``) are cloned by the view (from the first step on: the
+    bound view knows from the optimizer's settings that its state will not be 32-bit Adam's), with
+    figures equal to the clone truth and the plain optimizer's trajectory."""
     bnb = pytest.importorskip("bitsandbytes")
     gen = torch.Generator().manual_seed(3)
     named = [("w", torch.nn.Parameter(_initial("normal", (64, 128), gen)))]
@@ -180,10 +182,10 @@ def test_bitsandbytes_optimizers_the_view_does_not_rebuild_take_a_clone(name, kw
     for _ in range(STEPS):
         w.grad = 1e-2 * torch.randn(w.shape, generator=gen)
         q.grad = w.grad.clone()
+        assert isinstance(opt.monitor.view.before(opt.param_groups[0], w, opt.state[w]), Cloned)
         before, grads = truth.snapshot(named)
         opt.step()
         plain.step()
-        assert isinstance(opt.monitor.view.before(opt.param_groups[0], w, opt.state[w]), Cloned)
         truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
         assert torch.equal(w, q)
 
@@ -227,3 +229,22 @@ def test_schedule_free_clones_where_its_rebuild_would_miss(tmp_path):
     stored = (w.detach() - (w.detach() - rebuilt)).double()  # the capture's p_a - fl(p_a - d)
     true = w.detach().double() - before["w"].double()
     assert (stored - true).norm() > 5e-5 * (true - true.mean()).norm()
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c not in CLONED])
+@pytest.mark.parametrize("init", INITS)
+def test_first_step_is_rebuilt_without_a_clone(case, init, tmp_path):
+    """A parameter's first step, the state still empty: ``before`` keeps no copy of p (invariant 3
+    holds on the first logging step too) and the figures equal the clone truth."""
+    gen = torch.Generator().manual_seed(2)
+    named = [("w", torch.nn.Parameter(_initial(init, (64, 128), gen)))]
+    opt = _build(case, named, VERIFY_LR.get(case, 1e-3), MonitorConfig(backend="none", logdir=tmp_path))
+    w = named[0][1]
+    w.grad = 1e-2 * torch.randn(w.shape, generator=gen)
+    assert not isinstance(opt.monitor.view.before(opt.param_groups[0], w, opt.state[w]), Cloned)
+    before, grads = truth.snapshot(named)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+    assert all(re.search(HEALTH, str(w.message)) for w in caught), [str(w.message) for w in caught]
+    truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))

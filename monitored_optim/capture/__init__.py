@@ -63,6 +63,10 @@ class Capture:
         self.plan: Plan | None = None
         self._roster: Roster | None = None
 
+    def use(self, view: View) -> None:
+        """Capture with ``view`` from now on (the view bound to the optimizer, :meth:`View.bound`)."""
+        self.view = self.eager.view = self.fused.view = view
+
     def plan_of(self, optimizer: torch.optim.Optimizer, known: dict[int, str], fuse: bool,
                 cloned: frozenset[int] = frozenset()) -> Plan:
         """This logging step's :class:`~monitored_optim.capture.plan.Plan`: the last one where its

@@ -15,8 +15,12 @@ Adam and AdamW run the same kernel (they differ only in their default λ).
 bitsandbytes keeps more on the optimizer than in the group: all its optimizers share one ``step``
 (``Optimizer8bit.step``, for which this view is registered) and pick their arithmetic from instance
 attributes, so the view rebuilds only what the state and the group show to be this branch, and
-takes a clone of the parameter elsewhere (every other bitsandbytes optimizer): before the first
-step (no state yet: 8-bit or 32-bit is not known), with 8-bit state, a 1-state optimizer (no
+takes a clone of the parameter elsewhere (every other bitsandbytes optimizer). Before a parameter's
+first step its state is empty, so the view bound to the optimizer (:meth:`BnbAdamView.bound`) reads
+the instance's ``optimizer_name`` and ``args``: Adam's kernel with ``optim_bits=32`` and no
+``max_unorm`` creates 32-bit state, and that first step is rebuilt like any other. The clone is
+taken on a first step otherwise (8-bit, whose parameters below ``min_8bit_size`` get 32-bit state
+and are rebuilt from their second step), with 8-bit state, a 1-state optimizer (no
 ``state2``), three betas (AdEMAMix), ``max_unorm`` (a ``unorm_vec``), per-parameter overrides of the
 ``GlobalOptimManager``, a decay factor |s| < 1/2, and off the CPU (the CUDA kernel applies the
 decay after the update, in its own rounding, which this view does not mirror).
@@ -43,13 +47,27 @@ class BnbAdamView(View):
 
     elementwise = True
 
+    def __init__(self, adam32: bool = False) -> None:
+        self.adam32 = adam32
+        """Whether the bound optimizer creates 32-bit Adam state (no ``unorm_vec``) on a first step."""
+
+    def bound(self, optimizer: Any) -> BnbAdamView:
+        """This view for ``optimizer``, knowing whether its first steps create 32-bit Adam state."""
+        args = getattr(optimizer, "args", None)
+        return BnbAdamView(getattr(optimizer, "optimizer_name", None) == "adam"
+                           and getattr(args, "optim_bits", None) == 32 and getattr(args, "max_unorm", None) == 0.0)
+
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
         if p.grad is None:
             return None
         s = 1 - group["lr"] * group["weight_decay"]
-        adam = ("t_alpha" in group and len(group["betas"]) == 2 and "unorm_vec" not in state
-                and isinstance(state.get("state1"), Tensor) and state["state1"].dtype == torch.float32
-                and isinstance(state.get("state2"), Tensor) and state["state2"].shape == p.shape)
+        two_betas = "t_alpha" in group and len(group["betas"]) == 2
+        if not state:  # a first step: the state it creates is known from the bound optimizer only
+            adam = two_betas and self.adam32
+        else:
+            adam = (two_betas and "unorm_vec" not in state
+                    and isinstance(state.get("state1"), Tensor) and state["state1"].dtype == torch.float32
+                    and isinstance(state.get("state2"), Tensor) and state["state2"].shape == p.shape)
         if not (adam and p.device.type == "cpu" and abs(s) * KAPPA_MAX >= 1.0 and not _overridden()):
             return Cloned.of(p)
         return None

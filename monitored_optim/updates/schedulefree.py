@@ -13,13 +13,16 @@ Rebuild after the step, from y_a, z_a, ``p.grad`` = ĝ and the group's post-step
 (``scheduled_lr``, ``lr_max``, ``weight_sum``, k): z_b = z_a + γ·ĝ, y_l = y_a - γ(β(1-w)-1)·ĝ,
 y_b = (y_l - w·z_b)/(1-w) in float64, and u = y_a - y_b in p's dtype.
 
+On a parameter's first step z is created as a copy of y (z_b = y_b, so the lerp leaves y as it was):
+y_b = z_b = z_a + γ·ĝ, whatever w is. The view's snapshot says so (:data:`FRESH`).
+
 The lerp contracts y by 1-w, so p_b is not always recoverable to the last bit: about a fraction w of
-the elements come back one spacing off. ``before`` therefore replays the step on the part (the
+the elements come back one spacing off (and z_b itself may, from z_a). ``before`` therefore replays the step on the part (the
 optimizer's own operations, on temporaries of the part's size) and the rebuild on that replay, and
 takes a clone of the part unless the rebuilt stored change misses the replayed one by at most
 ``MISS`` of its spread (‖miss‖ ≤ MISS·‖u - mean(u)‖), a bound on every figure. That check reads one
-number on the host: done for CPU parameters; elsewhere, before the first step (w = 1: p_b is lost
-entirely), for w > 1/2 and for complex parameters, the view takes the clone.
+number on the host: done for CPU parameters; elsewhere, for w > 1/2 past a parameter's first step
+and for complex parameters, the view takes the clone.
 Source: schedulefree 1.4.1, ``adamw_schedulefree.py``, ``sgd_schedulefree.py``,
 ``radam_schedulefree.py`` (``step``, single-tensor and foreach paths alike).
 """
@@ -33,6 +36,9 @@ from torch import Tensor
 
 from .clone import Cloned
 from .view import View
+
+FRESH = "z_b = y_b"
+"""The snapshot of a parameter's first step, where the step creates z as a copy of y."""
 
 MISS = 5e-5
 """Largest ‖rebuilt u - stored u‖ / ‖u - mean(u)‖ of a part that the view keeps (half the 1e-4
@@ -61,33 +67,36 @@ class ScheduleFreeView(View):
         """False: the step divides ``p.grad`` in place (and adds the decay into it)."""
         return False
 
-    def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
+    def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | str | None:
         if p.grad is None:
             return None
-        if p.device.type != "cpu" or p.is_complex() or "z" not in state:
+        fresh = "z" not in state
+        if p.device.type != "cpu" or p.is_complex():
             return Cloned.of(p)
         lr = self.lr(group)
         lr_max = max(lr, group["lr_max"])
         weight = _weight(group, group["k"], lr_max)
         w = _ratio(weight, group["weight_sum"] + weight)
-        if w > 0.5:
+        if w > 0.5 and not fresh:
             return Cloned.of(p)
-        y, z, g = p.detach(), state["z"], self.normalized(group, p, state)
+        y, g = p.detach(), self.normalized(group, p, state)
+        z = y if fresh else state["z"]
         alpha = lr * (self.beta(group) * (1 - w) - 1)
         y_a = y.lerp(z, w).add_(g, alpha=alpha)
-        d = _rebuilt(y_a, z.sub(g, alpha=lr), g, w, lr, alpha)
+        d = _rebuilt(y_a, z.sub(g, alpha=lr), g, w, lr, alpha, fresh)
         u = (y_a.double() - y.double())
         miss = (y_a - d).double().sub_(y.double())
         if not bool(miss.norm() <= MISS * (u - u.mean()).norm()):
             return Cloned.of(p)
-        return None
+        return FRESH if fresh else None
 
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:
         if p.grad is None or "z" not in state:
             return None
         lr, k = group["scheduled_lr"], group["k"] - 1
         w = _ratio(_weight(group, k, group["lr_max"]), group["weight_sum"])
-        return _rebuilt(p.detach(), state["z"], p.grad, w, lr, lr * (self.beta(group) * (1 - w) - 1))
+        return _rebuilt(p.detach(), state["z"], p.grad, w, lr, lr * (self.beta(group) * (1 - w) - 1),
+                        snapshot == FRESH)
 
 
 class AdamWScheduleFreeView(ScheduleFreeView):
@@ -137,9 +146,11 @@ def _decayed(group: dict[str, Any], p: Tensor, g: Tensor) -> Tensor:
 
 
 def _adam_normalized(group: dict[str, Any], p: Tensor, state: dict[str, Any], step: int) -> Tensor:
-    """g / (sqrt(v'/bc2) + eps) (+ λ·p), v' the second moment the step will store, bc2 = 1 - β2^step."""
+    """g / (sqrt(v'/bc2) + eps) (+ λ·p), v' the second moment the step will store (from zeros on a
+    parameter's first step), bc2 = 1 - β2^step."""
     beta2 = group["betas"][1]
-    v = state["exp_avg_sq"].mul(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+    v = state["exp_avg_sq"].mul(beta2) if "exp_avg_sq" in state else torch.zeros_like(p)
+    v.addcmul_(p.grad, p.grad, value=1 - beta2)
     return _decayed(group, p, p.grad.div(v.div_(1 - beta2**step).sqrt_().add_(group["eps"])))
 
 
@@ -154,9 +165,9 @@ def _rectification(group: dict[str, Any], step: int) -> tuple[float, bool]:
     return float(not group["silent_sgd_phase"]), False
 
 
-def _rebuilt(y_a: Tensor, z_a: Tensor, g: Tensor, w: float, lr: float, alpha: float) -> Tensor:
+def _rebuilt(y_a: Tensor, z_a: Tensor, g: Tensor, w: float, lr: float, alpha: float, fresh: bool) -> Tensor:
     """u = y_a - y_b from y_a, z_a and ĝ (module docstring): z_b and y_l in y's dtype, as the step's
-    stores were, y_b in float64; a new tensor of y's dtype."""
+    stores were, y_b in float64 (y_b = z_b where ``fresh``); a new tensor of y's dtype."""
     z_b = torch.add(z_a, g, alpha=lr).double()
-    y_b = torch.sub(y_a, g, alpha=alpha).double().sub_(z_b.mul_(w)).div_(1 - w)
+    y_b = z_b if fresh else torch.sub(y_a, g, alpha=alpha).double().sub_(z_b.mul_(w)).div_(1 - w)
     return torch.sub(y_a.double(), y_b, out=y_b).to(y_a.dtype)

@@ -33,6 +33,12 @@ class View(abc.ABC):
 
     elementwise: bool = False
 
+    def bound(self, optimizer: Any) -> View:
+        """The view for ``optimizer``, asked once when the monitor binds to it: a view whose arithmetic
+        depends on settings the optimizer keeps outside its param groups returns a copy holding
+        them. Default: the view itself."""
+        return self
+
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Any:
         """What to keep of ``p`` and ``state`` just before the step, on logging steps only.
 
@@ -79,7 +85,7 @@ class View(abc.ABC):
         return None
 
 
-OPTIONAL = ("elementwise", "update_many", "keeps_grad", "fusable", "fused")
+OPTIONAL = ("elementwise", "bound", "update_many", "keeps_grad", "fusable", "fused")
 """The capabilities a registered view without the :class:`View` base may leave out (:func:`adopt`)."""
 
 

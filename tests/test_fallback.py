@@ -1,0 +1,61 @@
+"""The clone fallback on real third-party optimizers that have no view (pytorch-optimizer's): the
+figures equal the clone truth, ``describe()`` names the fallback, and the trajectory is the plain
+optimizer's bit for bit."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import truth
+from monitored_optim import Monitored, MonitorConfig
+
+FALLBACK = ("AdaBelief", "AdamP", "Adan", "Lamb", "MADGRAD", "Ranger", "DAdaptAdam", "Tiger", "ADOPT",
+            "AdEMAMix", "SOAP", "CAME", "LARS", "SGDW", "Adai", "StableAdamW", "Kron", "LaProp", "MARS", "SPAM")
+"""pytorch-optimizer 4.1 classes without a view (the docs' table of what the fallback serves)."""
+LR = {"DAdaptAdam": 1.0}
+"""Learning rates other than 1e-3 (D-Adaptation's lr multiplies its estimate d, which starts at 1e-6)."""
+STEPS = 3
+
+
+def _model() -> torch.nn.Module:
+    """A matrix, its bias at 0 and a LayerNorm at 1.0 and 0, as real models start."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64))
+    torch.nn.init.zeros_(model[0].bias)
+    return model
+
+
+def _run(name: str, monitor: MonitorConfig | None) -> tuple[list[torch.Tensor], list[dict[str, float]], str]:
+    """STEPS steps of ``name`` on :func:`_model` with seeded grads (torch's and Python's generators
+    seeded alike, for the optimizers that draw): the parameters after, each step's figures against
+    the clone truth's, and ``describe()``."""
+    cls = getattr(pytest.importorskip("pytorch_optimizer"), name)
+    model = _model()
+    named = list(model.named_parameters())
+    lr = LR.get(name, 1e-3)
+    opt = cls(named, lr=lr) if monitor is None else Monitored(cls)(named, lr=lr, monitor=monitor)
+    torch.manual_seed(1)
+    random.seed(1)
+    gen = torch.Generator().manual_seed(2)
+    pairs = []
+    for _ in range(STEPS):
+        for _, p in named:
+            p.grad = 1e-2 * torch.randn(p.shape, generator=gen)
+        before, grads = truth.snapshot(named)
+        opt.step()
+        if monitor is not None:
+            pairs.append((dict(opt.monitor.latest), truth.figures(named, before, grads)))
+    return [p.detach().clone() for _, p in named], pairs, opt.monitor.describe() if monitor is not None else ""
+
+
+@pytest.mark.parametrize("name", FALLBACK)
+def test_fallback_is_exact_and_keeps_the_trajectory(name, tmp_path):
+    plain, _, _ = _run(name, None)
+    after, pairs, described = _run(name, MonitorConfig(backend="none", logdir=tmp_path))
+    assert "clone" in described.splitlines()[-1], described
+    for logged, expected in pairs:
+        truth.assert_figures_match(logged, expected)
+    assert all(torch.equal(a, b) for a, b in zip(plain, after))
