@@ -36,7 +36,7 @@ def build(mode: str):
         return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
     figures = MODES[mode]
     return model, Monitored(torch.optim.AdamW)(model.named_parameters(), lr=1e-3, monitor=MonitorConfig(
-        backend="none", figures=figures))
+        backend="none", every=1, figures=figures))
 
 
 def main() -> None:

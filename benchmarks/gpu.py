@@ -122,7 +122,7 @@ def fallback_memory(args: argparse.Namespace, tokens: torch.Tensor) -> None:
         return
     print(f"{'sign SGD (no view)':<22} {'step peak beyond held, % of parameter bytes':>44}")
     for name, cls, extra in (("plain", SignSGD, {}),
-                             ("monitored every=1", Monitored(SignSGD), {"monitor": MonitorConfig(backend="none")})):
+                             ("monitored every=1", Monitored(SignSGD), {"monitor": MonitorConfig(backend="none", every=1)})):
         torch.manual_seed(0)
         model = GPT2(args.layers, args.width, args.vocab).to(args.device)
         opt = cls(model.named_parameters(), **extra)

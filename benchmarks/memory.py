@@ -134,7 +134,8 @@ where their package is installed."""
 
 
 def _third_party() -> dict[str, tuple[type, dict]]:
-    """The third-party optimizers with a view whose package is installed."""
+    """The third-party optimizers with a view whose package is installed, and one without (the
+    clone fallback's cost)."""
     import importlib
 
     found = {}
@@ -144,7 +145,8 @@ def _third_party() -> dict[str, tuple[type, dict]]:
             ("schedulefree-adamw", "schedulefree", "AdamWScheduleFree", dict(lr=1e-3, weight_decay=0.1)),
             ("hf-adafactor", "transformers.optimization", "Adafactor",
              dict(lr=1e-3, scale_parameter=False, relative_step=False)),
-            ("bnb-adamw32", "bitsandbytes.optim", "AdamW", dict(lr=6e-4, weight_decay=0.1, optim_bits=32))):
+            ("bnb-adamw32", "bitsandbytes.optim", "AdamW", dict(lr=6e-4, weight_decay=0.1, optim_bits=32)),
+            ("adabelief", "pytorch_optimizer", "AdaBelief", dict(lr=1e-3))):  # no view: the clone fallback
         try:
             found[name] = (getattr(importlib.import_module(module), cls), kwargs)
         except Exception:  # noqa: BLE001 - not installed, or not importable here
@@ -169,7 +171,7 @@ def _steps(name: str, monitored: bool, steps: int = 3, track: bool = False) -> t
     named = gpt2_shaped()
     cls, kwargs = {**OPTIMIZERS, **_third_party()}[name]
     if monitored:
-        opt = _built(Monitored(cls), named, kwargs, monitor=MonitorConfig(backend="none"))
+        opt = _built(Monitored(cls), named, kwargs, monitor=MonitorConfig(backend="none", every=1))
     else:
         opt = _built(cls, [p for _, p in named], kwargs)
     gen = torch.Generator().manual_seed(1)
@@ -197,7 +199,7 @@ def _warm(name: str) -> None:
 
     layer = torch.nn.Linear(256, 512)  # a weight above fused.SMALL, cut in two parts: the per-part path's kernels run too
     cls, kwargs = {**OPTIMIZERS, **_third_party()}[name]
-    opt = _built(Monitored(cls), list(layer.named_parameters()), kwargs, monitor=MonitorConfig(backend="none"))
+    opt = _built(Monitored(cls), list(layer.named_parameters()), kwargs, monitor=MonitorConfig(backend="none", every=1))
     for _ in range(2):
         layer(torch.randn(4, 256)).sum().backward()
         opt.step()

@@ -248,3 +248,25 @@ def test_first_step_is_rebuilt_without_a_clone(case, init, tmp_path):
         opt.step()
     assert all(re.search(HEALTH, str(w.message)) for w in caught), [str(w.message) for w in caught]
     truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+
+
+@pytest.mark.parametrize("case", ["sf-adamw", "sf-sgd-wd", "sf-radam"])
+def test_schedule_free_parameter_first_stepped_late_is_rebuilt(case, tmp_path):
+    """A parameter without a grad on the first step gets its z on a later one (w < 1 there): its
+    first step is still rebuilt from z_b = y_b, with no clone, and the figures equal the clone truth."""
+    gen = torch.Generator().manual_seed(4)
+    named = [(n, torch.nn.Parameter(_initial("normal", s, gen))) for n, s in (("w", (64, 128)), ("late", (32, 64)))]
+    opt = _build(case, named, VERIFY_LR.get(case, 1e-3), MonitorConfig(backend="none", logdir=tmp_path))
+    late = named[1][1]
+    for step in range(3):
+        for name, p in named:
+            p.grad = None if (name == "late" and step == 0) else 1e-2 * torch.randn(p.shape, generator=gen)
+        if step == 1:
+            assert "z" not in opt.state[late] and opt.param_groups[0]["k"] == 1
+            assert not isinstance(opt.monitor.view.before(opt.param_groups[0], late, opt.state[late]), Cloned)
+        before, grads = truth.snapshot(named)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.step()
+        assert all(re.search(HEALTH + "|no gradient", str(w.message)) for w in caught), [str(w.message) for w in caught]
+        truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))

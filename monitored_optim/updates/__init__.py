@@ -15,6 +15,8 @@ A view is a :class:`View` (``view.py``): small methods of ``(group, p, state)`` 
   when the step left ``p`` exactly unchanged (torch optimizers skip parameters whose grad is ``None``).
 * ``update_many(group, params, states, snapshots) -> list``: ``update`` of several parameters of one
   group and device at once (default: one by one; ``torch._foreach_*`` ops where a view batches them).
+* ``bound(optimizer) -> View``: the view for one optimizer instance, asked once when the monitor
+  binds to it (default: the view itself);
 * ``elementwise`` (default False): the view may be handed slices of a parameter (parts, shards);
   ``keeps_grad(group)`` (default True), ``fusable(group)`` (default False) and ``fused(group, params,
   states)`` (default None): what the compiled capture may do (``monitored_optim/fused.py``).
