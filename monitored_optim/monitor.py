@@ -38,6 +38,7 @@ from .families.base import Family
 from .figures import Figures, group_lrs, tensor_lrs
 from .health import Health
 from .updates import View, view_for
+from .updates.view import adopt
 
 
 def _gc_paused(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -149,7 +150,7 @@ class Monitor:
         """Bind to the optimizer once it is built: bind the view to it, watch ``config.model``, warn
         about unnamed parameters, find matrices the snapshot rule takes from the first logging step."""
         self._optimizer = weakref.ref(optimizer)
-        self.view = self.view.bound(optimizer)
+        self.view = adopt(self.view.bound(optimizer))
         self.capture.use(self.view)
         if self.config is not None and self.config.model is not None:
             self.watch(self.config.model)
