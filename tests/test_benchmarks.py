@@ -56,3 +56,20 @@ def test_an_iteration_is_judged_no_faster_than_its_step_time_gives():
     slower = {"fused every=1": {"step": 1.5, "iter": 1.2}}
     assert overhead.judged(slower, "fused every=1", "iter", 0.05) == 1.2
     assert overhead.judged(slower, "fused every=1", "step", 0.05) == 1.5
+
+
+def test_memory_benchmark_measures_logging_steps(monkeypatch):
+    """``benchmarks/memory.py`` on a small GPT-2-shaped model: its monitored steps are logging steps
+    whatever the default cadence, so the clone fallback (AdaBelief, no view) shows its copy of the
+    parameters and a view (AdamW) a small fraction of them."""
+    pytest.importorskip("pytorch_optimizer")
+    import memory
+
+    monkeypatch.setattr(memory, "GPT2", dict(vocab=4096, width=128, blocks=2))
+    monkeypatch.delenv("MONITORED_OPTIM_EVERY", raising=False)  # the default cadence, as a user runs it
+    extra = {}
+    for name in ("adabelief", "adamw"):
+        plain, param_bytes = memory._steps(name, False, steps=2, track=True)
+        logged, _ = memory._steps(name, True, steps=2, track=True)
+        extra[name] = (logged - plain) / param_bytes
+    assert extra["adabelief"] >= 0.95 and extra["adamw"] < 0.2, extra
