@@ -212,10 +212,11 @@ def test_prodigy_keeps_two_numbers_and_sees_a_step_that_moved_nothing(tmp_path):
 def test_schedule_free_clones_where_its_rebuild_would_miss(tmp_path):
     """AdamWScheduleFree at lr 1e-6: its lerp towards z loses p_b's last bit on a share of the
     elements, a miss larger than MISS of the update's spread here, so ``before`` clones, and the
-    figures equal the clone truth; the rebuild alone (as the capture would invert it) misses."""
+    figures equal the clone truth; the rebuild alone (as the capture would invert it) misses. The
+    matrix spans several of the check's blocks (``CHECK_BLOCK``), whose sums are combined."""
     pytest.importorskip("schedulefree")
     gen = torch.Generator().manual_seed(5)
-    named = [("w", torch.nn.Parameter(_initial("normal", (64, 128), gen)))]
+    named = [("w", torch.nn.Parameter(_initial("normal", (300, 500), gen)))]
     opt = _build("sf-adamw", named, 1e-6, MonitorConfig(backend="none", logdir=tmp_path))
     w, group = named[0][1], opt.param_groups[0]
     for _ in range(3):
@@ -270,3 +271,32 @@ def test_schedule_free_parameter_first_stepped_late_is_rebuilt(case, tmp_path):
             opt.step()
         assert all(re.search(HEALTH + "|no gradient", str(w.message)) for w in caught), [str(w.message) for w in caught]
         truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+
+
+def test_schedule_free_check_decides_alike_in_blocks_and_whole(monkeypatch, tmp_path):
+    """The check before the step replays it a block at a time and combines the blocks' sums: its
+    decision equals the one over the whole parameter at once, both ways (clone and rebuild), where
+    the misses gather in one block."""
+    pytest.importorskip("schedulefree")
+    from monitored_optim.updates import _shared
+
+    decided = {}
+    for lr in (1e-6, 3e-6, 1e-5, 1e-3):
+        gen = torch.Generator().manual_seed(6)
+        named = [("w", torch.nn.Parameter(_initial("normal", (96, 100), gen)))]
+        named[0][1].data[:10] = 1.0  # the first block's rows at 1.0, where the rebuild's misses gather
+        opt = _build("sf-adamw", named, lr, MonitorConfig(backend="none", logdir=tmp_path))
+        w, group, view = named[0][1], opt.param_groups[0], opt.monitor.view
+        for step in range(4):
+            w.grad = 1e-2 * torch.randn(w.shape, generator=gen)
+            lr_now = view.lr(group)
+            weight = ((group["k"] + 1) ** group["r"]) * (max(lr_now, group["lr_max"]) ** group["weight_lr_power"])
+            ratio = weight / (group["weight_sum"] + weight)
+            fresh = "z" not in opt.state[w]
+            for block in (1 << 30, 1000):  # one block; ten blocks, the last one short
+                monkeypatch.setattr(_shared, "CHECK_BLOCK", block)
+                decided.setdefault((lr, step), set()).add(
+                    view._rebuilt_within_miss(group, w, opt.state[w], ratio, lr_now, fresh))
+            opt.step()
+    assert all(len(d) == 1 for d in decided.values()), decided
+    assert {d.pop() for d in decided.values()} == {True, False}

@@ -5,6 +5,7 @@ Each is a pure function of the optimizer's own objects; none keeps state.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -20,6 +21,23 @@ KAPPA_MAX = 2.0
 
 The rebuilt u then differs from the update torch applied by at most κ·ulp(p) per element (the
 rounding of p_after, amplified), the same order as the clone-based truth's own rounding."""
+
+
+CHECK_BLOCK = 1 << 16
+"""Elements per block of a view's exactness check before the step (:func:`blocks`)."""
+
+
+def blocks(*xs: Tensor | None) -> Iterator[tuple[Tensor | None, ...]]:
+    """The flat blocks of :data:`CHECK_BLOCK` elements of ``xs`` (of one size), in step; None stays None.
+
+    A check before the step replays it a block at a time: its temporaries are then a few small
+    buffers that the allocator reuses, where a part's worth of them, interleaved with the entries
+    the capture keeps, would leave host memory fragmented.
+    """
+    flat = [None if x is None else x.reshape(-1) for x in xs]
+    n = next(f.numel() for f in flat if f is not None)
+    for start in range(0, n, CHECK_BLOCK):
+        yield tuple(None if f is None else f[start:start + CHECK_BLOCK] for f in flat)
 
 
 def ran_foreach(group: dict[str, Any]) -> bool:

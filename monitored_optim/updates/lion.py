@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._shared import KAPPA_MAX, like, real, to_scalar
+from ._shared import KAPPA_MAX, blocks, like, real, to_scalar
 from .clone import Cloned, Scaled, Stores
 from .view import View
 
@@ -83,11 +83,12 @@ class LionView(View):
     def _signs_rebuilt(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> bool:
         """Whether :meth:`update` will give the sign the step takes, for every ĝ it may use."""
         beta1, beta2 = group["betas"]
-        m_b = real(state["exp_avg"]) if "exp_avg" in state else torch.zeros_like(real(p.detach()))
         for g in self.grads_before(group, p):
-            c, m = self.moments(m_b, real(g), beta1, beta2)
-            if not torch.equal(c.sign(), _rebuilt_sign(m, real(g), beta1, beta2).to(c.dtype)):
-                return False
+            for m_b, g_k in blocks(real(state["exp_avg"]) if "exp_avg" in state else None, real(g)):
+                m_b = torch.zeros_like(g_k) if m_b is None else m_b
+                c, m = self.moments(m_b, g_k, beta1, beta2)
+                if not torch.equal(c.sign(), _rebuilt_sign(m, g_k, beta1, beta2).to(c.dtype)):
+                    return False
         return True
 
 

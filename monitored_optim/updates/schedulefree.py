@@ -20,7 +20,7 @@ The lerp contracts y by 1-w, so p_b is not always recoverable to the last bit: a
 the elements come back one spacing off (and z_b itself may, from z_a). ``before`` therefore replays the step on the part (the
 optimizer's own operations, on temporaries of the part's size) and the rebuild on that replay, and
 takes a clone of the part unless the rebuilt stored change misses the replayed one by at most
-``MISS`` of its spread (‖miss‖ ≤ MISS·‖u - mean(u)‖), a bound on every figure. That check reads one
+``MISS`` of its spread (the replay runs a block at a time) (‖miss‖ ≤ MISS·‖u - mean(u)‖), a bound on every figure. That check reads one
 number on the host: done for CPU parameters; elsewhere, for w > 1/2 past a parameter's first step
 and for complex parameters, the view takes the clone.
 Source: schedulefree 1.4.1, ``adamw_schedulefree.py``, ``sgd_schedulefree.py``,
@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import stats
+from ._shared import blocks
 from .clone import Cloned
 from .view import View
 
@@ -59,9 +61,10 @@ class ScheduleFreeView(View):
     def beta(self, group: dict[str, Any]) -> float:
         return group["betas"][0]
 
-    def normalized(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Tensor:
-        """ĝ of the coming step, as a new tensor (the step writes it into ``p.grad``)."""
-        return _adam_normalized(group, p, state, group["k"] + 1)
+    def normalized(self, group: dict[str, Any], y: Tensor, g: Tensor, v: Tensor | None) -> Tensor:
+        """ĝ of the coming step, as a new tensor (the step writes it into ``p.grad``), from the values
+        y of p, its grad g and second moment v (None before the parameter's first step)."""
+        return _adam_normalized(group, y, g, v, group["k"] + 1)
 
     def keeps_grad(self, group: dict[str, Any]) -> bool:
         """False: the step divides ``p.grad`` in place (and adds the decay into it)."""
@@ -79,16 +82,25 @@ class ScheduleFreeView(View):
         w = _ratio(weight, group["weight_sum"] + weight)
         if w > 0.5 and not fresh:
             return Cloned.of(p)
-        y, g = p.detach(), self.normalized(group, p, state)
-        z = y if fresh else state["z"]
-        alpha = lr * (self.beta(group) * (1 - w) - 1)
-        y_a = y.lerp(z, w).add_(g, alpha=alpha)
-        d = _rebuilt(y_a, z.sub(g, alpha=lr), g, w, lr, alpha, fresh)
-        u = (y_a.double() - y.double())
-        miss = (y_a - d).double().sub_(y.double())
-        if not bool(miss.norm() <= MISS * (u - u.mean()).norm()):
+        if not self._rebuilt_within_miss(group, p, state, w, lr, fresh):
             return Cloned.of(p)
         return FRESH if fresh else None
+
+    def _rebuilt_within_miss(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], w: float, lr: float,
+                             fresh: bool) -> bool:
+        """Whether the rebuild misses the stored change by at most :data:`MISS` of its spread, on a
+        replay of the step a block at a time (``blocks``); one host read."""
+        alpha = lr * (self.beta(group) * (1 - w) - 1)
+        spread = stats.Batch()
+        slot, miss = spread.slot(), p.new_zeros((), dtype=torch.float64)
+        for y, z, g, v in blocks(p.detach(), None if fresh else state["z"], p.grad, state.get("exp_avg_sq")):
+            z = y if z is None else z
+            g = self.normalized(group, y, g, v)
+            y_a = y.lerp(z, w).add_(g, alpha=alpha)
+            d = _rebuilt(y_a, z.sub(g, alpha=lr), g, w, lr, alpha, fresh)
+            miss += (y_a - d).double().sub_(y.double()).square().sum()
+            spread.add([y_a.double().sub_(y.double())], [True], scratch=True, into=[slot])
+        return bool(miss.sqrt() <= MISS * spread.finish()[slot][1].sqrt())
 
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:
         if p.grad is None or "z" not in state:
@@ -109,8 +121,8 @@ class SGDScheduleFreeView(ScheduleFreeView):
     def beta(self, group: dict[str, Any]) -> float:
         return group["momentum"]
 
-    def normalized(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Tensor:
-        return _decayed(group, p, p.grad.clone())
+    def normalized(self, group: dict[str, Any], y: Tensor, g: Tensor, v: Tensor | None) -> Tensor:
+        return _decayed(group, y, g.clone())
 
     def keeps_grad(self, group: dict[str, Any]) -> bool:
         """False under weight decay, which the step adds into ``p.grad``."""
@@ -123,11 +135,11 @@ class RAdamScheduleFreeView(ScheduleFreeView):
     def lr(self, group: dict[str, Any]) -> float:
         return group["lr"] * _rectification(group, group["k"] + 1)[0]
 
-    def normalized(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Tensor:
+    def normalized(self, group: dict[str, Any], y: Tensor, g: Tensor, v: Tensor | None) -> Tensor:
         step = group["k"] + 1
         if _rectification(group, step)[1]:
-            return _adam_normalized(group, p, state, step)
-        return _decayed(group, p, p.grad.clone())
+            return _adam_normalized(group, y, g, v, step)
+        return _decayed(group, y, g.clone())
 
 
 def _weight(group: dict[str, Any], k: int, lr_max: float) -> float:
@@ -140,18 +152,18 @@ def _ratio(weight: float, total: float) -> float:
     return weight / total if total != 0 else 0
 
 
-def _decayed(group: dict[str, Any], p: Tensor, g: Tensor) -> Tensor:
-    """``g`` (a new tensor) plus λ·p where the group decays, as the step adds it."""
-    return g.add_(p.detach(), alpha=group["weight_decay"]) if group["weight_decay"] != 0 else g
+def _decayed(group: dict[str, Any], y: Tensor, g: Tensor) -> Tensor:
+    """``g`` (a new tensor) plus λ·y where the group decays, as the step adds it."""
+    return g.add_(y, alpha=group["weight_decay"]) if group["weight_decay"] != 0 else g
 
 
-def _adam_normalized(group: dict[str, Any], p: Tensor, state: dict[str, Any], step: int) -> Tensor:
-    """g / (sqrt(v'/bc2) + eps) (+ λ·p), v' the second moment the step will store (from zeros on a
-    parameter's first step), bc2 = 1 - β2^step."""
+def _adam_normalized(group: dict[str, Any], y: Tensor, g: Tensor, v: Tensor | None, step: int) -> Tensor:
+    """g / (sqrt(v'/bc2) + eps) (+ λ·y), v' the second moment the step will store (from zeros where
+    ``v`` is None: a parameter's first step), bc2 = 1 - β2^step."""
     beta2 = group["betas"][1]
-    v = state["exp_avg_sq"].mul(beta2) if "exp_avg_sq" in state else torch.zeros_like(p)
-    v.addcmul_(p.grad, p.grad, value=1 - beta2)
-    return _decayed(group, p, p.grad.div(v.div_(1 - beta2**step).sqrt_().add_(group["eps"])))
+    v = v.mul(beta2) if v is not None else torch.zeros_like(g)
+    v.addcmul_(g, g, value=1 - beta2)
+    return _decayed(group, y, g.div(v.div_(1 - beta2**step).sqrt_().add_(group["eps"])))
 
 
 def _rectification(group: dict[str, Any], step: int) -> tuple[float, bool]:
