@@ -107,7 +107,14 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
 
     def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
         args, kwargs, saved = _without_monitor_entry(base.load_state_dict, self, args, kwargs)
+        names = [g.get("param_names") for g in self.param_groups]
         base.load_state_dict(self, *args, **kwargs)
+        if len(names) == len(self.param_groups):
+            # torch keeps a group's param_names when the loaded group has none; an override of
+            # load_state_dict (bitsandbytes') replaces the groups and drops them: keep them likewise
+            for group, kept in zip(self.param_groups, names):
+                if kept is not None and "param_names" not in group and len(kept) == len(group["params"]):
+                    group["param_names"] = kept
         if "_monitor" in vars(self):
             if saved:  # the count this class saved: a rollback to it is deliberate, no warning
                 self._monitor.resume_at(int(saved["step"]))
