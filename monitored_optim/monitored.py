@@ -167,10 +167,19 @@ def _metaclass(meta: type) -> type:
     ``copyreg`` reduces it to the call that rebuilds it, and the cache returns the same object.
     """
     if meta not in _METACLASSES:
-        sub = type(f"Monitored{meta.__name__}", (meta,), {"__module__": __name__})
+        sub = type(f"Monitored{meta.__name__}", (meta,), {"__module__": __name__, "__repr__": _class_repr})
         copyreg.pickle(sub, _reduce_class)
         _METACLASSES[meta] = sub
     return _METACLASSES[meta]
+
+
+def _class_repr(cls: type) -> str:
+    """``<class 'monitored_optim.monitored.MonitoredAdamW' of bitsandbytes.optim.adamw.AdamW>``: the
+    base's address stays in ``str(cls)``, which some trainers test (the HF Trainer's
+    ``"bitsandbytes" in str(optimizer_cls)`` for its 8-bit embedding override)."""
+    base = vars(cls).get("_monitored_base")
+    own = f"<class '{cls.__module__}.{cls.__qualname__}'"
+    return own + (f" of {base.__module__}.{base.__qualname__}>" if base is not None else ">")
 
 
 def _reduce_class(cls: type) -> tuple[Any, tuple[type]]:
