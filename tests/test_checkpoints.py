@@ -345,3 +345,23 @@ def test_two_optimizers_with_the_same_tags_in_one_logdir_are_warned_about(tmp_pa
         Monitored(torch.optim.SGD)(models.mlp().groups, lr=0.1, monitor=MonitorConfig(
             backend="jsonl", logdir=tmp_path, prefix="other"))
     assert first.monitor.step == 0
+
+
+def test_names_stay_when_the_base_load_state_dict_drops_them(tmp_path):
+    """bitsandbytes' ``load_state_dict`` replaces the param groups with the loaded ones, without
+    the ``param_names`` of ``named_parameters()``: the monitored class keeps each group's names (as
+    torch's own ``load_state_dict`` does), so a resumed run logs under the same tags."""
+    bnb = pytest.importorskip("bitsandbytes")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    plain = bnb.optim.AdamW(model.parameters(), lr=1e-3, optim_bits=32)
+    opt = Monitored(bnb.optim.AdamW)(model.named_parameters(), lr=1e-3, optim_bits=32,
+                                     monitor=MonitorConfig(backend="none", logdir=tmp_path))
+    for optimizer in (plain, opt):
+        model(torch.randn(4, 8)).sum().backward()
+        optimizer.step()
+    opt.load_state_dict(plain.state_dict())
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    assert {t.split("/", 1)[1] for t in opt.monitor.latest if t.startswith("update_norm/")} == \
+        {"0.weight", "0.bias", "1.weight", "1.bias"}

@@ -43,9 +43,9 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
-def tiny_gpt2():
+def tiny_gpt2(vocab: int = 64):
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2)
+    config = transformers.GPT2Config(vocab_size=vocab, n_positions=16, n_embd=32, n_layer=2, n_head=2)
     return transformers.GPT2LMHeadModel(config)
 
 
@@ -162,3 +162,39 @@ def test_accelerate_prepared_optimizer_is_monitored(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(plain_model.parameters(), model.parameters()))
     assert isinstance(opt.optimizer, torch.optim.AdamW) and opt.optimizer.monitor.step == 16
     assert "update_to_data/2.weight" in opt.optimizer.monitor.latest
+
+
+def test_hf_trainer_optim_name_monitored_through_its_class_and_kwargs(tmp_path):
+    """``TrainingArguments(optim="adamw_bnb_8bit")`` monitored through the Trainer's own choice of
+    class and arguments (``Trainer.get_optimizer_cls_and_kwargs``), as the trainers guide shows: the
+    Trainer still recognises bitsandbytes in ``str(cls)`` and keeps the embeddings' state in 32 bits
+    (the token embedding is above bitsandbytes' 4,096-element floor for 8-bit state), so the run
+    equals the plain one bit for bit."""
+    bnb = pytest.importorskip("bitsandbytes")
+    manager = bnb.optim.GlobalOptimManager.get_instance()  # one per process: the Trainer's overrides stay
+    runs = []
+    for monitored in (True, False):  # the monitored run first: no override left by the plain one
+        model = tiny_gpt2(vocab=256)
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / f"hf{monitored}"), max_steps=6, per_device_train_batch_size=4,
+            optim="adamw_bnb_8bit", save_strategy="no", report_to=[], use_cpu=True, seed=0, data_seed=0,
+            dataloader_num_workers=0, disable_tqdm=True)
+        extra = {}
+        if monitored:
+            cls, kwargs = transformers.Trainer.get_optimizer_cls_and_kwargs(args, model)
+            extra["optimizer_cls_and_kwargs"] = (Monitored(cls), {**kwargs, "monitor": MonitorConfig(
+                backend="jsonl", logdir=tmp_path / "monitor", model=model)})
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(40), **extra)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the trainer's own notices (tokenizer-free model, cpu)
+                trainer.train()
+        finally:
+            for held in (manager.module_weight_config_triple, manager.pid2config, manager.index2config):
+                held.clear()
+        opt = trainer.optimizer.optimizer  # inside accelerate's wrapper
+        assert opt.state[model.transformer.wte.weight]["state1"].dtype == torch.float32  # the Trainer's override
+        if monitored:
+            assert opt.monitor.step == 6 and "update_to_data/transformer.wte.weight" in opt.monitor.latest
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
