@@ -100,7 +100,8 @@ class ScheduleFreeView(View):
             d = _rebuilt(y_a, z.sub(g, alpha=lr), g, w, lr, alpha, fresh)
             miss += (y_a - d).double().sub_(y.double()).square().sum()
             spread.add([y_a.double().sub_(y.double())], [True], scratch=True, into=[slot])
-        return bool(miss.sqrt() <= MISS * spread.finish()[slot][1].sqrt())
+        moments = spread.finish()[slot]  # None for an empty parameter: nothing to miss
+        return moments is None or bool(miss.sqrt() <= MISS * moments[1].sqrt())
 
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:
         if p.grad is None or "z" not in state:
