@@ -35,7 +35,8 @@ def figures(named: list[tuple[str, Tensor]], before: dict[str, Tensor],
         total["param"] += p_b.norm().item() ** 2
         total["update"] += u.norm().item() ** 2
         out["health/no_grad"] += grads[name] is None
-        out["health/unchanged"] += grads[name] is not None and u.numel() > 0 and not u.any()  # an empty one cannot change
+        # an empty parameter cannot change, so it is never counted as unchanged
+        out["health/unchanged"] += grads[name] is not None and u.numel() > 0 and not u.any()
         out["health/nonfinite"] += not all(t is None or bool(t.isfinite().all()) for t in (p_b, grads[name], u))
         if grads[name] is not None:
             g = grads[name].double()

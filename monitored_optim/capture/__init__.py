@@ -64,7 +64,8 @@ class Capture:
         self._roster: Roster | None = None
 
     def use(self, view: View) -> None:
-        """Capture with ``view`` from now on (the view bound to the optimizer, :meth:`~monitored_optim.updates.View.bound`)."""
+        """Capture with ``view`` from now on (the view bound to the optimizer,
+        :meth:`~monitored_optim.updates.View.bound`)."""
         self.view = self.eager.view = self.fused.view = view
 
     def plan_of(self, optimizer: torch.optim.Optimizer, known: dict[int, str], fuse: bool,

@@ -17,12 +17,12 @@ On a parameter's first step z is created as a copy of y (z_b = y_b, so the lerp 
 y_b = z_b = z_a + γ·ĝ, whatever w is. The view's snapshot says so (:data:`FRESH`).
 
 The lerp contracts y by 1-w, so p_b is not always recoverable to the last bit: about a fraction w of
-the elements come back one spacing off (and z_b itself may, from z_a). ``before`` therefore replays the step on the part (the
-optimizer's own operations, on temporaries of the part's size) and the rebuild on that replay, and
-takes a clone of the part unless the rebuilt stored change misses the replayed one by at most
-``MISS`` of its spread (the replay runs a block at a time) (‖miss‖ ≤ MISS·‖u - mean(u)‖), a bound on every figure. That check reads one
-number on the host: done for CPU parameters; elsewhere, for w > 1/2 past a parameter's first step
-and for complex parameters, the view takes the clone.
+the elements come back one spacing off (and z_b itself may, from z_a). ``before`` therefore replays
+the step on the part (the optimizer's own operations, a block of the part at a time) and the
+rebuild on that replay, and takes a clone of the part unless the rebuilt stored change misses the
+replayed one by at most ``MISS`` of its spread (‖miss‖ ≤ MISS·‖u - mean(u)‖), a bound on every
+figure. That check reads one number on the host: done for CPU parameters; elsewhere, for w > 1/2
+past a parameter's first step and for complex parameters, the view takes the clone.
 Source: schedulefree 1.4.1, ``adamw_schedulefree.py``, ``sgd_schedulefree.py``,
 ``radam_schedulefree.py`` (``step``, single-tensor and foreach paths alike).
 """
