@@ -1,10 +1,11 @@
-"""The clone fallback on real third-party optimizers that have no view (pytorch-optimizer's): the
-figures equal the clone truth, ``describe()`` names the fallback, and the trajectory is the plain
-optimizer's bit for bit."""
+"""The clone fallback on real third-party optimizers that have no view (pytorch-optimizer's, and
+torchao's 8-bit and 4-bit AdamW, whose state is quantized): the figures equal the clone truth,
+``describe()`` names the fallback, and the trajectory is the plain optimizer's bit for bit."""
 
 from __future__ import annotations
 
 import random
+import warnings
 
 import pytest
 import torch
@@ -12,9 +13,12 @@ import torch
 import truth
 from monitored_optim import Monitored, MonitorConfig
 
-FALLBACK = ("AdaBelief", "AdamP", "Adan", "Lamb", "MADGRAD", "Ranger", "DAdaptAdam", "Tiger", "ADOPT",
-            "AdEMAMix", "SOAP", "CAME", "LARS", "SGDW", "Adai", "StableAdamW", "Kron", "LaProp", "MARS", "SPAM")
-"""pytorch-optimizer 4.1 classes without a view (the docs' table of what the fallback serves)."""
+FALLBACK = [*(("pytorch_optimizer", name) for name in (
+    "AdaBelief", "AdamP", "Adan", "Lamb", "MADGRAD", "Ranger", "DAdaptAdam", "Tiger", "ADOPT", "AdEMAMix", "SOAP",
+    "CAME", "LARS", "SGDW", "Adai", "StableAdamW", "Kron", "LaProp", "MARS", "SPAM")),
+    ("torchao.optim", "AdamW8bit"), ("torchao.optim", "AdamW4bit")]
+"""(module, class) of optimizers without a view: pytorch-optimizer 4.1's and torchao 0.18's (the docs'
+list of what the fallback serves)."""
 LR = {"DAdaptAdam": 1.0}
 """Learning rates other than 1e-3 (D-Adaptation's lr multiplies its estimate d, which starts at 1e-6)."""
 STEPS = 3
@@ -28,11 +32,12 @@ def _model() -> torch.nn.Module:
     return model
 
 
-def _run(name: str, monitor: MonitorConfig | None) -> tuple[list[torch.Tensor], list[dict[str, float]], str]:
-    """STEPS steps of ``name`` on :func:`_model` with seeded grads (torch's and Python's generators
-    seeded alike, for the optimizers that draw): the parameters after, each step's figures against
-    the clone truth's, and ``describe()``."""
-    cls = getattr(pytest.importorskip("pytorch_optimizer"), name)
+def _run(module: str, name: str, monitor: MonitorConfig | None
+         ) -> tuple[list[torch.Tensor], list[tuple[dict[str, float], dict[str, float]]], str]:
+    """STEPS steps of ``module.name`` on :func:`_model` with seeded grads (torch's and Python's
+    generators seeded alike, for the optimizers that draw): the parameters after, each step's
+    figures beside the clone truth's, and ``describe()``."""
+    cls = getattr(pytest.importorskip(module), name)
     model = _model()
     named = list(model.named_parameters())
     lr = LR.get(name, 1e-3)
@@ -45,16 +50,18 @@ def _run(name: str, monitor: MonitorConfig | None) -> tuple[list[torch.Tensor], 
         for _, p in named:
             p.grad = 1e-2 * torch.randn(p.shape, generator=gen)
         before, grads = truth.snapshot(named)
-        opt.step()
+        with warnings.catch_warnings():  # torchao's own notices on compiling its step (not the monitor's)
+            warnings.filterwarnings("ignore", r".*(_stable_hash_for_caching|torch\.jit\.script_method)")
+            opt.step()
         if monitor is not None:
             pairs.append((dict(opt.monitor.latest), truth.figures(named, before, grads)))
     return [p.detach().clone() for _, p in named], pairs, opt.monitor.describe() if monitor is not None else ""
 
 
-@pytest.mark.parametrize("name", FALLBACK)
-def test_fallback_is_exact_and_keeps_the_trajectory(name, tmp_path):
-    plain, _, _ = _run(name, None)
-    after, pairs, described = _run(name, MonitorConfig(backend="none", logdir=tmp_path))
+@pytest.mark.parametrize("module,name", FALLBACK, ids=[name for _, name in FALLBACK])
+def test_fallback_is_exact_and_keeps_the_trajectory(module, name, tmp_path):
+    plain, _, _ = _run(module, name, None)
+    after, pairs, described = _run(module, name, MonitorConfig(backend="none", logdir=tmp_path))
     assert "clone" in described.splitlines()[-1], described
     for logged, expected in pairs:
         truth.assert_figures_match(logged, expected)
