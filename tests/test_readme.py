@@ -61,6 +61,11 @@ def test_the_trainer_snippets_build_their_optimizers(tmp_path, monkeypatch):
         grouped = namespace["grouped"].create_optimizer()  # the Trainer's decay / no-decay groups, named from the model
     assert len(grouped.param_groups) == 2 and grouped.monitor.settings.backends == ("wandb",)
     assert "transformer.h.0.attn.c_attn.weight" in grouped.monitor.describe() and "param0" not in grouped.monitor.describe()
+    with warnings.catch_warnings(record=True) as seen:  # the same tags again: warned once above, at most
+        warnings.simplefilter("always")
+        by_name = namespace["by_name"].create_optimizer()  # the class and arguments of TrainingArguments.optim
+    assert all("log the same tags" in str(w.message) for w in seen), [str(w.message) for w in seen]
+    assert isinstance(by_name, torch.optim.AdamW) and "transformer.h.0.attn.c_attn.weight" in by_name.monitor.describe()
     assert callable(namespace["configure_optimizers"])
     nanogpt = namespace["opt"].monitor  # the last line: bare tensors, named from MonitorConfig(model=)
     assert "transformer.h.0.attn.c_attn.weight" in nanogpt.describe() and "param0" not in nanogpt.describe()
