@@ -36,7 +36,7 @@ class View(abc.ABC):
     def bound(self, optimizer: Any) -> View:
         """The view for ``optimizer``, asked once when the monitor binds to it: a view whose arithmetic
         depends on settings the optimizer keeps outside its param groups returns a copy holding
-        them. Default: the view itself."""
+        them (or a weak reference to the optimizer, where they may change later). Default: the view itself."""
         return self
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Any:
