@@ -150,7 +150,12 @@ class Monitor:
         """Bind to the optimizer once it is built: bind the view to it, watch ``config.model``, warn
         about unnamed parameters, find matrices the snapshot rule takes from the first logging step."""
         self._optimizer = weakref.ref(optimizer)
-        self.view = adopt(self.view.bound(optimizer))
+        bound = self.view.bound(optimizer)
+        try:
+            self.view = adopt(bound)
+        except TypeError as err:
+            raise TypeError(f"monitored_optim: {type(self.view).__name__}.bound() returned {bound!r} for "
+                            f"{type(optimizer).__name__}, not a view ({err})") from err
         self.capture.use(self.view)
         if self.config is not None and self.config.model is not None:
             self.watch(self.config.model)

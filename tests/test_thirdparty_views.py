@@ -323,3 +323,28 @@ def test_empty_and_transposed_parameters(case, tmp_path):
     opt = _build(case, named, VERIFY_LR.get(case, 1e-3), MonitorConfig(backend="none", logdir=tmp_path))
     plain = _build(case, plain_named, VERIFY_LR.get(case, 1e-3), None)
     _step_beside_plain(opt, plain, named, plain_named, gen)
+
+
+@pytest.mark.parametrize("attr,value", [("optim_bits", 8), ("max_unorm", 0.01)])
+def test_bitsandbytes_args_changed_after_construction_take_a_clone_on_the_first_step(attr, value, tmp_path):
+    """bitsandbytes reads ``opt.args`` when a parameter's first step creates its state, so a change of
+    ``args`` after the optimizer is built (8-bit state, or LAMB-style ``max_unorm`` clipping) decides
+    that step: the view asks the optimizer then, takes a clone, and the figures equal the clone truth."""
+    bnb = pytest.importorskip("bitsandbytes")
+    gen = torch.Generator().manual_seed(6)
+    named = [("w", torch.nn.Parameter(_initial("normal", (64, 128), gen)))]
+    plain_named = [("w", torch.nn.Parameter(named[0][1].detach().clone()))]
+    monitor = MonitorConfig(backend="none", logdir=tmp_path)
+    opt = Monitored(bnb.optim.AdamW)(named, lr=1e-3, optim_bits=32, monitor=monitor)
+    plain = bnb.optim.AdamW(plain_named, lr=1e-3, optim_bits=32)
+    setattr(opt.args, attr, value)
+    setattr(plain.args, attr, value)
+    w, q = named[0][1], plain_named[0][1]
+    w.grad = 1e-2 * torch.randn(w.shape, generator=gen)
+    q.grad = w.grad.clone()
+    assert isinstance(opt.monitor.view.before(opt.param_groups[0], w, opt.state[w]), Cloned)
+    before, grads = truth.snapshot(named)
+    opt.step()
+    plain.step()
+    truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+    assert torch.equal(w, q)

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import truth
 from monitored_optim import Monitored, MonitorConfig
-from monitored_optim.updates import View, elementwise, rebuild, register, view_for
+from monitored_optim.updates import Cloned, View, elementwise, rebuild, register, view_for
 from monitored_optim.updates._shared import PART_ELEMENTS
 from thirdparty import SignMomentum
 
@@ -107,6 +107,43 @@ def test_a_registered_duck_typed_view_gets_the_defaults_and_stays_itself():
         p.grad = torch.ones(4)
         assert [u.tolist() for u in view.update_many(group, [p], [{"momentum_buffer": -p}], [None])] == [[1.0] * 4]
 
+
+
+def _sgd_step(self, closure=None):
+    return torch.optim.SGD.step(self, closure)
+
+
+class _Checked:
+    """A duck-typed view (cloning) whose ``bound`` the tests below replace."""
+
+    def before(self, group, p, state):
+        return Cloned.of(p)
+
+    def update(self, group, p, state, snapshot):
+        return snapshot.update(p)
+
+
+@pytest.mark.parametrize("bound", [lambda opt: None, lambda opt: 42])
+def test_a_registered_views_bound_that_returns_no_view_fails_at_construction_naming_bound(bound):
+    """``bound()`` of a registered view answering something that is not a view: the monitored
+    optimizer's construction fails with a message naming ``bound()`` (not ``register()``, which the
+    user called with a good view)."""
+    view = _Checked()
+    view.bound = bound
+    cls = type("BoundChecked", (torch.optim.SGD,), {"step": _sgd_step})
+    register(cls, view)
+    with pytest.raises(TypeError, match=r"_Checked\.bound\(\) returned .* not a view"):
+        Monitored(cls)([nn.Parameter(torch.ones(3))], lr=0.1, monitor=MonitorConfig(backend="none"))
+
+
+def test_register_refuses_a_capability_that_is_not_a_method():
+    """``bound = 5`` (or any capability View has as a method, given as a non-callable) is refused by
+    ``register()`` rather than failing later with "'int' object is not callable"."""
+    view = _Checked()
+    view.bound = 5
+    cls = type("BoundFive", (torch.optim.SGD,), {"step": _sgd_step})
+    with pytest.raises(TypeError, match="'bound' of .* to be a method"):
+        register(cls, view)
 
 @pytest.mark.parametrize("kind", ["view", "duck", "whole"])
 def test_a_large_parameter_of_a_third_party_elementwise_view_is_reduced_in_parts(kind, tmp_path):

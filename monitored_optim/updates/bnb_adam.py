@@ -17,8 +17,8 @@ bitsandbytes keeps more on the optimizer than in the group: all its optimizers s
 attributes, so the view rebuilds only what the state and the group show to be this branch, and
 takes a clone of the parameter elsewhere (every other bitsandbytes optimizer). Before a parameter's
 first step its state is empty, so the view bound to the optimizer (:meth:`BnbAdamView.bound`) reads
-the instance's ``optimizer_name`` and ``args``: Adam's kernel with ``optim_bits=32`` and no
-``max_unorm`` creates 32-bit state, and that first step is rebuilt like any other. The clone is
+the instance's ``optimizer_name`` and ``args`` as they are at that step: Adam's kernel with
+``optim_bits=32`` and no ``max_unorm`` creates 32-bit state, and that first step is rebuilt like any other. The clone is
 taken on a first step otherwise (8-bit, whose parameters below ``min_8bit_size`` get 32-bit state
 and are rebuilt from their second step), with 8-bit state, a 1-state optimizer (no
 ``state2``), three betas (AdEMAMix), ``max_unorm`` (a ``unorm_vec``), per-parameter overrides of the
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -47,15 +48,24 @@ class BnbAdamView(View):
 
     elementwise = True
 
-    def __init__(self, adam32: bool = False) -> None:
-        self.adam32 = adam32
-        """Whether the bound optimizer creates 32-bit Adam state (no ``unorm_vec``) on a first step."""
+    def __init__(self, optimizer: Any = None) -> None:
+        self._optimizer = None if optimizer is None else weakref.ref(optimizer)
+        """The optimizer this view is bound to (:meth:`bound`), held weakly; None for the registered view."""
 
     def bound(self, optimizer: Any) -> BnbAdamView:
-        """This view for ``optimizer``, knowing whether its first steps create 32-bit Adam state."""
+        """This view for ``optimizer``, which it asks on each parameter's first step whether that step
+        creates 32-bit Adam state (:attr:`adam32`)."""
+        return BnbAdamView(optimizer)
+
+    @property
+    def adam32(self) -> bool:
+        """Whether the bound optimizer creates 32-bit Adam state (no ``unorm_vec``) on a first step,
+        from its ``optimizer_name`` and ``args`` as they are now (``args`` may be changed after the
+        optimizer is built: ``init_state`` reads it on the first step); False for an unbound view."""
+        optimizer = None if self._optimizer is None else self._optimizer()
         args = getattr(optimizer, "args", None)
-        return BnbAdamView(getattr(optimizer, "optimizer_name", None) == "adam"
-                           and getattr(args, "optim_bits", None) == 32 and getattr(args, "max_unorm", None) == 0.0)
+        return (getattr(optimizer, "optimizer_name", None) == "adam"
+                and getattr(args, "optim_bits", None) == 32 and getattr(args, "max_unorm", None) == 0.0)
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
         if p.grad is None:

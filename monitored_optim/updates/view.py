@@ -36,7 +36,7 @@ class View(abc.ABC):
     def bound(self, optimizer: Any) -> View:
         """The view for ``optimizer``, asked once when the monitor binds to it: a view whose arithmetic
         depends on settings the optimizer keeps outside its param groups returns a copy holding
-        them. Default: the view itself."""
+        them (or a weak reference to the optimizer, where they may change later). Default: the view itself."""
         return self
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Any:
@@ -97,7 +97,8 @@ def adopt(view: Any) -> View:
     ``view_for`` returns and ``describe()`` names).
 
     Raises:
-        TypeError: ``view`` lacks a ``before`` or ``update`` method, or cannot take attributes
+        TypeError: ``view`` lacks a ``before`` or ``update`` method, has a capability of
+            :data:`OPTIONAL` that should be a method and is not, or cannot take attributes
             (``__slots__``): subclass :class:`View` instead.
     """
     if isinstance(view, View):
@@ -105,6 +106,9 @@ def adopt(view: Any) -> View:
     if not (callable(getattr(view, "before", None)) and callable(getattr(view, "update", None))):
         raise TypeError(f"register() expects a view with before() and update() methods, got {view!r}")
     for name in OPTIONAL:
+        if hasattr(view, name) and callable(getattr(View, name)) and not callable(getattr(view, name)):
+            raise TypeError(f"register() expects {name!r} of {view!r} to be a method, like View.{name}; "
+                            f"got {getattr(view, name)!r}")
         if not hasattr(view, name):
             default = getattr(View, name)
             try:
