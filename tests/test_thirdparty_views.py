@@ -84,13 +84,17 @@ def _initial(kind: str, shape, gen: torch.Generator) -> torch.Tensor:
 GRID = list(itertools.product(CASES, INITS, LRS))
 
 
-def _step_beside_plain(opt, plain, named, plain_named, gen: torch.Generator) -> None:
-    """STEPS steps of the monitored ``opt`` and the ``plain`` one on the same random grads: each
-    step's figures equal the clone truth and the parameters stay equal bit for bit."""
-    for _ in range(STEPS):
+def _step_beside_plain(opt, plain, named, plain_named, gen: torch.Generator, steps: int = STEPS,
+                       cloned: bool = False) -> None:
+    """``steps`` steps of the monitored ``opt`` and the ``plain`` one on the same random grads: each
+    step's figures equal the clone truth and the parameters stay equal bit for bit; where
+    ``cloned``, the view's ``before`` takes a clone of every parameter before each step."""
+    for _ in range(steps):
         for (_, p), (_, q) in zip(named, plain_named):
             p.grad = 1e-2 * torch.randn(p.shape, generator=gen)
             q.grad = p.grad.clone()
+            if cloned:
+                assert isinstance(opt.monitor.view.before(opt.param_groups[0], p, opt.state[p]), Cloned)
         before, grads = truth.snapshot(named)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -183,16 +187,7 @@ def test_bitsandbytes_optimizers_the_view_does_not_rebuild_take_a_clone(name, kw
     opt = Monitored(cls)(named, lr=1e-3, **kwargs, monitor=MonitorConfig(backend="none", logdir=tmp_path))
     plain = cls(plain_named, lr=1e-3, **kwargs)
     assert type(opt.monitor.view).__name__ == "BnbAdamView"
-    w, q = named[0][1], plain_named[0][1]
-    for _ in range(STEPS):
-        w.grad = 1e-2 * torch.randn(w.shape, generator=gen)
-        q.grad = w.grad.clone()
-        assert isinstance(opt.monitor.view.before(opt.param_groups[0], w, opt.state[w]), Cloned)
-        before, grads = truth.snapshot(named)
-        opt.step()
-        plain.step()
-        truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
-        assert torch.equal(w, q)
+    _step_beside_plain(opt, plain, named, plain_named, gen, cloned=True)
 
 
 def test_prodigy_keeps_two_numbers_and_sees_a_step_that_moved_nothing(tmp_path):
@@ -339,12 +334,4 @@ def test_bitsandbytes_args_changed_after_construction_take_a_clone_on_the_first_
     plain = bnb.optim.AdamW(plain_named, lr=1e-3, optim_bits=32)
     setattr(opt.args, attr, value)
     setattr(plain.args, attr, value)
-    w, q = named[0][1], plain_named[0][1]
-    w.grad = 1e-2 * torch.randn(w.shape, generator=gen)
-    q.grad = w.grad.clone()
-    assert isinstance(opt.monitor.view.before(opt.param_groups[0], w, opt.state[w]), Cloned)
-    before, grads = truth.snapshot(named)
-    opt.step()
-    plain.step()
-    truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
-    assert torch.equal(w, q)
+    _step_beside_plain(opt, plain, named, plain_named, gen, steps=1, cloned=True)
