@@ -71,12 +71,13 @@ class Health:
             "health/skipped_steps": float(self.skipped_steps),
         }
 
-    def check_watched(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-        """Warn once about each trainable parameter of ``model`` that no param group contains.
+    def check_watched(self, model: torch.nn.Module, params: list[torch.Tensor]) -> list[str]:
+        """Warn once about each trainable parameter of ``model`` that is not in ``params`` (those the
+        optimizer steps).
 
         Returns the names (as ``model.named_parameters()`` gives them) of the missing parameters.
         """
-        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        held = {id(p) for p in params}
         missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in held]
         self._once("missing", missing, lambda name: (
             f"monitored_optim: trainable parameter {name!r} of the watched model is in no param group of the "

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from . import amp, distributed, families, grouping, pieces, stats
+from .distributed import deepspeed
 from ._warnings import warn
 from .backends import Fanout
 from .capture import Capture, Workspace, closure_is_first, closure_of, with_grads_of_closure
@@ -105,6 +106,11 @@ class Monitor:
         self._history = History()
         self._backends = Fanout(self.settings.backends, self.settings.logdir, self.settings.strict, self.settings.sinks)
         self._optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None
+        self._ranks = distributed.Ranks()  # the names every rank monitors, once exchanged
+        self._engine: Any = None  # a DeepSpeed wrapper's layout once found, False where there is none
+        self._pending: _Pending | None = None  # a logging step of the DeepSpeed wrapper's in progress
+        self._calls = 0  # base steps called during the DeepSpeed wrapper's step
+        self._born: dict[int, str] = {}  # id -> name of the parameters the optimizer was built with
         self._watched: list[weakref.ref[torch.nn.Module]] = []
         self._model_names: dict[int, str] = {}
         self._warned_unnamed = False
@@ -168,6 +174,7 @@ class Monitor:
                  "(name, tensor) pairs), or MonitorConfig(model=model), to log them by name")
         every = [(n, p) for group, names in zip(optimizer.param_groups, _names(optimizer, known))
                  for n, p in zip(names, group["params"])]
+        self._born = {id(p): n for n, p in every}
         chosen = [(n, p) for n, p in every if self.settings.select(n, p)]
         if every and not chosen:
             warn(f"monitored_optim: the parameter selection (MonitorConfig params=/exclude= or MONITORED_OPTIM_PARAMS) "
@@ -196,7 +203,7 @@ class Monitor:
         for name, p in model.named_parameters():
             self._model_names.setdefault(id(p), name)
         optimizer = self._optimizer()
-        return self.health.check_watched(model, optimizer) if optimizer is not None else []
+        return self.health.check_watched(model, self._held_params(optimizer)) if optimizer is not None else []
 
     def describe(self) -> str:
         """What will be measured, for ``print``: the param groups and their hyperparameters, then
@@ -276,6 +283,10 @@ class Monitor:
 
         Returns what the base step returns (the closure's loss, if any).
         """
+        if self._engine is None:
+            self._engine = self._find_engine(optimizer)
+        if self._engine:
+            return self._engine_call(optimizer, step_fn, args, kwargs)
         found_inf = getattr(optimizer, "found_inf", None)
         if found_inf is not None and bool(found_inf):  # a fused optimizer under GradScaler, skipped
             self.base_calls += 1
@@ -286,52 +297,128 @@ class Monitor:
             out = step_fn(optimizer, *args, **kwargs)
             self._step += 1
             return out
-        pending = self._before_step(optimizer, args, kwargs)
+        pending = self._open(optimizer)
+        made, args, kwargs = self._before(pending, args, kwargs)
         self.base_calls += 1
-        out = step_fn(optimizer, *pending.args, **pending.kwargs)
-        self._after_step(optimizer, pending)
+        out = step_fn(optimizer, *args, **kwargs)
+        self._after(pending, made)
+        self._finish(optimizer, pending)
+        return out
+
+    def _find_engine(self, optimizer: torch.optim.Optimizer) -> Any:
+        """The layout of the DeepSpeed wrapper that calls this optimizer's step, or False; decided at
+        the first call. The wrapper's own ``step`` is made the step the monitor counts."""
+        found = deepspeed.find(optimizer) if distributed.initialized() else None
+        if found is None:
+            return False
+        wrapper, inside = found
+        deepspeed.engine_step(wrapper, self._engine_step)
+        if inside:  # found in the middle of the wrapper's first step: counted, not measured
+            self._step += 1
+            if self._step % self.settings.every == 0:
+                warn(f"monitored_optim: DeepSpeed's {type(wrapper).__name__} was found at its first step, so step "
+                     f"{self._step} is counted but not measured; figures start at the next logging step",
+                     RuntimeWarning)
+        return deepspeed.Layout(wrapper, lambda p: self._born.get(id(p)) or self._model_names.get(id(p), "param"))
+
+    def _engine_step(self, step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The DeepSpeed wrapper's ``step()``: one optimizer step of the engine, whatever number of
+        base steps it calls (none: a skipped step, an fp16 overflow), measured every ``every`` steps."""
+        optimizer = self._optimizer()
+        logs = optimizer is not None and not (self._step + 1) % self.settings.every
+        self._calls = 0
+        self._pending = self._open(optimizer, self._engine) if logs else None
+        try:
+            out = step(*args, **kwargs)
+        finally:
+            pending, self._pending = self._pending, None
+        if not self._calls:
+            self.skipped()
+        elif pending is not None:
+            self._finish(optimizer, pending)
+        else:
+            self._step += 1
+        return out
+
+    def _engine_call(self, optimizer: torch.optim.Optimizer, step_fn: Callable[..., Any],
+                     args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A base step that the DeepSpeed wrapper calls, inside its step or not (the one it takes at
+        build time to create the state is not counted); on a logging step, the capture of the param
+        groups it steps."""
+        self.base_calls += 1
+        self._calls += 1
+        pending = self._pending
+        if pending is None:
+            return step_fn(optimizer, *args, **kwargs)
+        stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        pending.sharding.regrad(stepped)  # the wrapper sets the flat grads just before it steps
+        groups = pending.sharding.groups_of(stepped)
+        made, args, kwargs = self._before(pending, args, kwargs, groups)
+        out = step_fn(optimizer, *args, **kwargs)
+        self._after(pending, made)
+        pending.sharding.release(made.all)  # no grad of the wrapper's is held past its base step
         return out
 
     @torch.compiler.disable
+    def _open(self, optimizer: torch.optim.Optimizer, layout: Any = None) -> _Pending:
+        """A logging step: its sharding (None outside torch.distributed) and its batch of sums."""
+        return _Pending(distributed.sharding(optimizer, layout), stats.Batch(Workspace()))
+
+    @torch.compiler.disable
     @_gc_paused
-    def _before_step(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
-                     ) -> _Pending:
-        """Stage 2: the capture before the base step (the grads a closure makes, where it takes one)."""
-        sharding = distributed.sharding(optimizer)  # None outside torch.distributed
-        batch = stats.Batch(Workspace())  # its buffers go with the batch at the end of the step
+    def _before(self, pending: _Pending, args: tuple[Any, ...], kwargs: dict[str, Any],
+                groups: set[int] | None = None) -> tuple[Entries, tuple[Any, ...], dict[str, Any]]:
+        """Stage 2: the capture before a base step (of the param groups ``groups``, None: all); returns
+        the entries it made and the step's arguments, a closure wrapped to record the grads it makes."""
+        optimizer, sharding = self._optimizer(), pending.sharding
         grad_scale = getattr(optimizer, "grad_scale", None)
         fuse = (sharding is None and grad_scale is None and not self.settings.verify
                 and closure_of(args, kwargs, self._closure_first) is None
                 and all(type(fam).part is Family.part for fam in self.capture.eager.families))
-        entries = self.capture.before(optimizer if sharding is None else sharding.local, batch, grad_scale,
+        entries = self.capture.before(optimizer if sharding is None else sharding.local, pending.batch, grad_scale,
                                       self._model_names, split=sharding is None, fuse=fuse,
-                                      cloned=sharding.cloned(self.view) if sharding is not None else frozenset())
-        args, kwargs = with_grads_of_closure(entries.all, batch, args, kwargs, self._closure_first)
-        return _Pending(entries, batch, sharding, args, kwargs)
+                                      cloned=sharding.cloned(self.view) if sharding is not None else frozenset(),
+                                      groups=groups)
+        pending.entries.extend(entries)
+        return (entries, *with_grads_of_closure(entries.all, pending.batch, args, kwargs, self._closure_first))
 
     @torch.compiler.disable
     @_gc_paused
-    def _after_step(self, optimizer: torch.optim.Optimizer, pending: _Pending) -> None:
-        """Stages 4 to 7: count the step, capture after it, reduce, compute the figures, deliver."""
+    def _after(self, pending: _Pending, entries: Entries) -> None:
+        """Stage 4: the capture after a base step, of the ``entries`` taken before it."""
+        read = self._optimizer() if pending.sharding is None else pending.sharding.local
+        self.capture.after(read.state, entries, pending.batch)
+
+    @torch.compiler.disable
+    @_gc_paused
+    def _finish(self, optimizer: torch.optim.Optimizer, pending: _Pending) -> None:
+        """Stages 5 to 7: count the step, reduce, compute the figures, deliver."""
         self._step += 1
         sharding, entries = pending.sharding, pending.entries
-        read = optimizer if sharding is None else sharding.local  # what the entries were made from
-        self.capture.after(read.state, entries, pending.batch)
+        self.capture.finish(entries)
         roster = self.capture.roster(entries)
         lr_values = tensor_lrs(optimizer)
-        hosted, read_lrs = self._hosted(entries, roster, pending.batch.finish(), sharding, lr_values)
+        hosted, read_lrs, remote = self._hosted(entries, roster, pending.batch.finish(), sharding, lr_values)
         lrs = group_lrs(optimizer, dict(zip(lr_values, read_lrs)))
-        figures = self._figures.compute(self.step, roster, hosted, optimizer, lrs, read.param_groups)
-        self.capture.remember(roster, hosted)
+        groups = (optimizer if sharding is None else sharding.local).param_groups
+        figures = self._figures.compute(self.step, roster.joined(remote), hosted, optimizer, lrs, groups)
+        self.capture.remember(roster, hosted.head(len(roster.names)) if remote else hosted)
         self._deliver(figures, entries, roster)
         for model in (ref() for ref in self._watched):
             if model is not None:
-                self.health.check_watched(model, optimizer)
+                self.health.check_watched(model, self._held_params(optimizer))
+
+    def _held_params(self, optimizer: torch.optim.Optimizer) -> list[Tensor]:
+        """The model's parameters that the optimizer steps (under DeepSpeed, those in its flat buffers)."""
+        if self._engine:
+            return [h.source for _, pieces in self._engine.groups() for h in pieces]
+        return [p for group in optimizer.param_groups for p in group["params"]]
 
     def _hosted(self, entries: Entries, roster: Roster, rows: stats.Moments, sharding: distributed.Sharding | None,
-                lr_values: dict[int, Tensor]) -> tuple[stats.Hosted, list[list[float]]]:
-        """Stage 5: the step's moments and pieces on the host, and the Tensor lrs' values: one host
-        copy per device, or under ``torch.distributed`` one all_reduce (and one host copy for Tensor lrs)."""
+                lr_values: dict[int, Tensor]) -> tuple[stats.Hosted, list[list[float]], list[distributed.Remote]]:
+        """Stage 5: the step's moments and pieces on the host, the Tensor lrs' values, and the
+        parameters that other ranks monitor (their rows after this rank's): one host copy per device,
+        or under ``torch.distributed`` one all_reduce (and one host copy for Tensor lrs)."""
         leads = entries.leads
         if sharding is None:
             holding = [i for i in roster.captured if leads[i].pieces]  # a flat entry has none
@@ -340,14 +427,17 @@ class Monitor:
             pairs, present, extra = rows.host(index, held + list(lr_values.values()))
             counts = rows.sizes[index[:, 0]]  # p_before's rows cover each parameter once
             own, read = _host_pieces(leads, holding, extra[:len(held)]), extra[len(held):]
+            remote = []
         else:  # whole-parameter values and counts
             for e in leads:
                 e.pieces.update({kind: rows[slot] for kind, slot in e.slots.items() if rows[slot] is not None})
-            counts, pairs, present, own = sharding.reduce(leads, self._piece_keys)
+            reduced = sharding.reduce(leads, self._piece_keys, self._ranks)
+            counts, pairs, present, own, remote = (reduced.counts, reduced.pairs, reduced.present, reduced.pieces,
+                                                   reduced.remote)
             self._tell_left_out(sharding.left_out)
             read = stats.Moments({}, {}, 0, torch.zeros(0)).host(torch.zeros(0, dtype=torch.long),
                                                                list(lr_values.values()))[2]
-        return stats.Hosted(_moment_table(leads, roster.captured, counts, pairs, present), own), read
+        return stats.Hosted(_moment_table(leads, roster.captured, counts, pairs, present), own), read, remote
 
     def close(self) -> None:
         """Flush and close every backend and let go of the parameters the layout holds (idempotent; also
@@ -427,22 +517,23 @@ def _moment_table(entries: list[Entry], captured: list[int], counts: Tensor | li
     zeros where ``present`` (bool ``(N, K)``) says a kind had no values (no grad; no update: the
     parameter did not move); ``captured``: the indices of the entries not captured flat (only the
     eager capture's may be uncentred)."""
-    uncentred = None  # every entry centred (the fused capture's)
+    uncentred = None  # every entry centred (the fused capture's); other ranks' parameters after them
     if any(entries[i].centred for i in captured):
-        uncentred = torch.tensor([not e.centred.get(kind, True) for e in entries for kind in stats.KINDS],
-                                 dtype=torch.bool).reshape(len(entries), len(stats.KINDS))
+        flags = [not e.centred.get(kind, True) for e in entries for kind in stats.KINDS]
+        flags += [False] * (len(counts) - len(entries)) * len(stats.KINDS)
+        uncentred = torch.tensor(flags, dtype=torch.bool).reshape(len(counts), len(stats.KINDS))
     n = torch.as_tensor(counts, dtype=torch.float64).reshape(-1, 1)
     return stats.MomentTable(n, pairs[..., 0], pairs[..., 1], uncentred, present)
 
 
 class _Pending:
-    """A logging step between its capture before and after the base step."""
+    """A logging step in progress: its sharding (None outside torch.distributed), its batch of sums and
+    the entries captured so far."""
 
-    __slots__ = ("entries", "batch", "sharding", "args", "kwargs")
+    __slots__ = ("sharding", "batch", "entries")
 
-    def __init__(self, entries: Entries, batch: stats.Batch, sharding: distributed.Sharding | None,
-                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.entries, self.batch, self.sharding, self.args, self.kwargs = entries, batch, sharding, args, kwargs
+    def __init__(self, sharding: distributed.Sharding | None, batch: stats.Batch) -> None:
+        self.sharding, self.batch, self.entries = sharding, batch, Entries()
 
 
 def _make_logdir(settings: Settings) -> None:

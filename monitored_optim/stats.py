@@ -417,6 +417,13 @@ class Hosted:
     table: MomentTable
     pieces: list[dict[str, list[float]]]
 
+    def head(self, rows: int) -> Hosted:
+        """The first ``rows`` parameters' values (a rank's own, before those other ranks monitor)."""
+        t = self.table
+        return Hosted(MomentTable(t.n[:rows], t.mean[:rows], t.m2[:rows],
+                                  None if t.uncentred is None else t.uncentred[:rows],
+                                  None if t.present is None else t.present[:rows]), self.pieces[:rows])
+
 
 @dataclass(frozen=True)
 class MomentTable:

@@ -135,7 +135,7 @@ class Capture:
     @torch.no_grad()
     def before(self, optimizer: torch.optim.Optimizer, batch: stats.Batch, grad_scale: Tensor | None,
                known: dict[int, str], split: bool = True, fuse: bool = False,
-               cloned: frozenset[int] = frozenset()) -> Entries:
+               cloned: frozenset[int] = frozenset(), groups: set[int] | None = None) -> Entries:
         """Before the base step: an entry per part of each monitored parameter, its p_before as its
         route takes it, and the sums of p_before and the grads in ``batch``.
 
@@ -144,13 +144,17 @@ class Capture:
             batch: the logging step's sums.
             grad_scale: a fused GradScaler step's scale (the grads are unscaled by it), or None.
             split: whether large parameters may be cut into parts.
+            groups: the indices of the param groups that this call of the base step steps (an engine
+                that steps its groups one call at a time); None: all of them.
         """
         plan = self.plan_of(optimizer, known, fuse, cloned)
         self.eager.shared = plan.shared
         entries, leads, unflat, blocks, copies = [], [], [], [], []
         cut = split and elementwise(self.view)
         self.budget = batch.work.nbytes = plan.budget  # the batch's buffers: one chunk's temporaries
-        for group, way, items in plan.groups:
+        for i, (group, way, items) in enumerate(plan.groups):
+            if groups is not None and i not in groups:
+                continue
             for item in items:
                 if isinstance(item, list):  # a run of flat entries: copied into their chunks' buffers, no part
                     entries += item
@@ -186,11 +190,15 @@ class Capture:
 
     @torch.no_grad()
     def after(self, state: Any, entries: Entries, batch: stats.Batch) -> None:
-        """After the base step: the stored change of every entry and its sums into ``batch``, and the
-        families' pieces that need all of a parameter's parts (``state``: the optimizer's state)."""
+        """After the base step: the stored change of every entry and its sums into ``batch``
+        (``state``: the optimizer's state)."""
         for chunk in chunks([e for e in entries.unflat if not e.fused], self.budget):
             self.eager.after(chunk, [e.part.refresh(state.get(e.part.whole, {})) for e in chunk], batch)
         self.fused.after([e for e in entries.unflat if e.fused], self.plan.chunks, entries.befores, state, batch)
+
+    def finish(self, entries: Entries) -> None:
+        """After the last base step of a logging step: the families' pieces that need all of a
+        parameter's parts."""
         for fam in self.eager.families:
             done = fam.done()
             by_name = {e.name: e for e in entries.leads} if done else {}

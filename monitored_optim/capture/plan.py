@@ -81,10 +81,18 @@ class Entries:
     the flat copy of p_before of each of the plan's flat chunks, taken just before the step (the
     step's own: nothing of it outlives the step)."""
 
-    all: list[Entry]
-    leads: list[Entry]
-    unflat: list[Entry]
-    befores: list[Tensor]
+    all: list[Entry] = field(default_factory=list)
+    leads: list[Entry] = field(default_factory=list)
+    unflat: list[Entry] = field(default_factory=list)
+    befores: list[Tensor] = field(default_factory=list)
+
+    def extend(self, more: Entries) -> None:
+        """Add the entries of another call of the base step in the same logging step (an engine
+        that steps its param groups one call at a time), after these."""
+        self.all += more.all
+        self.leads += more.leads
+        self.unflat += more.unflat
+        self.befores += more.befores
 
 
 @dataclass(eq=False)  # hashed by identity
@@ -284,6 +292,21 @@ class Roster:
         return cls(plan, composition, [e.name for e in leads], index.reshape(-1, len(stats.KINDS)),
                    [e.whole.shape for e in leads], eps, [id(e.group) for e in leads], low,
                    [i for i, e in enumerate(leads) if e.flat is None])
+
+
+    def joined(self, remote: list[Any]) -> Roster:
+        """This roster with the parameters that other ranks monitor after its own (a pipeline's other
+        stages: their figures, not their capture), each with a ``name``, ``shape`` and ``dtype`` (its
+        name in ``torch``, as ``"torch.bfloat16"``); no param group of this rank's is theirs."""
+        if not remote:
+            return self
+        dtypes = [getattr(torch, r.dtype.removeprefix("torch.")) for r in remote]
+        start = len(self.names)
+        return Roster(self.plan, self.composition, self.names + [r.name for r in remote], self.index,
+                      self.shapes + [torch.Size(r.shape) for r in remote],
+                      torch.cat([self.eps, torch.tensor([machine_eps(d) for d in dtypes], dtype=torch.float64)]),
+                      self.groups + [0] * len(remote),
+                      self.low + [start + i for i, d in enumerate(dtypes) if d in LOW_PRECISION], self.captured)
 
 
 def composition(entries: list[Entry]) -> list[tuple[str, bool, bool, tuple[int, ...]]]:

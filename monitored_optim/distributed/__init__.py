@@ -1,0 +1,243 @@
+"""Sharded, replicated and pipelined training: every figure describes the whole parameter, written once.
+
+Under ``torch.distributed`` each rank holds a shard of a parameter, a copy of it, a fragment of a
+flat buffer, or none of it (another pipeline stage's). On a logging step the monitor reads, through
+:attr:`Sharding.local`, only plain local tensors: the views rebuild the update of what the rank
+holds, and :func:`monitored_optim.stats.moments` reduces p_before, grad and update to
+``(mean, m2)`` exactly as in the single-process path (no DTensor reduction, so no hidden
+collective). :mod:`~.table` then sums every rank's pieces in **one** ``all_reduce`` and one host copy.
+
+One module per layout says what a rank holds of each parameter (a :class:`~.held.Held`: its local
+tensor, and how many pieces the ranks holding it have between them, which weighs it):
+
+=====================================  ===========================================  =================
+layout                                 this rank's piece                            pieces
+=====================================  ===========================================  =================
+:mod:`~.replicated` (DDP, tensor-      the parameter                                1 (a replica)
+parallel unplanned, ZeRO wrapped as
+the monitored class)
+:mod:`~.dtensor` (FSDP2, tensor        the DTensor's local tensor                   product of the
+parallel)                                                                           sharded mesh dims
+:mod:`~.fsdp1` (FSDP1 views or         the local shard, its padding excluded        the unit's group
+``FlatParameter``)                                                                  size
+:mod:`~.zero` (torch's ZeRO inner      the parameter where this rank owns it        ZeRO's group size
+optimizer)                                                                          (0 elsewhere)
+:mod:`~.deepspeed` (DeepSpeed ZeRO     each model parameter's fragment of the       each element on
+0-3 flat partitions)                   flat fp32 partition the optimizer steps      one rank only
+:mod:`~.pipeline` (stages)             what the stage holds, by any layout above    by name over the
+                                                                                    stages' union
+=====================================  ===========================================  =================
+
+Uneven and empty pieces need nothing special: an empty one contributes ``n = 0``. A value missing on
+a rank (no grad on an empty shard, an unchanged shard) counts as zeros there; a grad exists if any
+rank had one. Every rank always joins the collective. Views that are not element-wise (Muon,
+Adafactor) cannot rebuild a split parameter's update from its piece: such pieces are cloned
+(:meth:`Sharding.cloned`). Only rank 0 of the default group writes to the backends
+(:func:`is_writer`); every rank gets the figures of every parameter.
+
+Assumptions (SPMD training): every rank of the default group calls ``step()`` of its monitored
+optimizer on the same steps; a name means the same parameter on every rank that monitors it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .. import stats
+from ..updates import elementwise
+from . import dtensor, fsdp1, replicated, zero
+from .held import Held, is_dtensor, narrow, set_local_grad
+from .pipeline import Ranks, Remote
+from .table import Reduced
+
+
+def initialized() -> bool:
+    """True when ``torch.distributed`` is available and its default process group is initialised."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def is_writer() -> bool:
+    """True in the one process that writes figures: rank 0 of the default group, or any process
+    that is not part of an initialised ``torch.distributed`` job."""
+    return not initialized() or dist.get_rank() == 0
+
+
+def sharding(optimizer: torch.optim.Optimizer, layout: Any = None) -> Sharding | None:
+    """The :class:`Sharding` of ``optimizer`` for this logging step, or ``None`` outside
+    ``torch.distributed`` (the single-process path, untouched).
+
+    Call on every rank at the same logging step, before the base step (it reads the grads).
+    ``layout``: a DeepSpeed wrapper's layout (:class:`~.deepspeed.Layout`), which lists the groups
+    itself. Issues no collective unless a grad is laid out unlike its parameter (a ``Partial``
+    grad), which is redistributed to the parameter's placements.
+    """
+    if not initialized():
+        return None
+    if layout is not None:
+        return Sharding(optimizer, layout.groups())
+    parent = zero.parent(optimizer)
+    source = parent if parent is not None else optimizer
+    return Sharding(optimizer, [(group, [_held(p, parent) for p in group["params"]]) for group in source.param_groups])
+
+
+def _held(p: Tensor, parent: Any) -> Held:
+    """What this rank holds of ``p``, by its layout."""
+    if parent is not None:
+        return zero.held(p, parent)
+    if is_dtensor(p):
+        return dtensor.held(p)
+    return fsdp1.held(p) or replicated.held(p)
+
+
+class Sharding:
+    """One logging step's view of a sharded optimizer: local tensors to read, what each is, the reduction.
+
+    Args:
+        optimizer: the optimizer (its ``state`` is read).
+        groups: per param group of the view, the group (its hyperparameters; ``param_names`` where
+            the pieces bring no names of their own) and what this rank holds of each of its parameters.
+
+    Attributes:
+        local: an optimizer-like object (``param_groups``, ``state``, ``defaults``) for the monitor to
+            read instead of the optimizer: the groups, each parameter replaced by its local tensor
+            (:attr:`~.held.Held.local`), whose ``.grad`` is the matching local grad; the ``state``
+            mapping answers for a local tensor with the state of its parameter, each ``DTensor`` in
+            it replaced by its local tensor and each tensor shaped like the parameter narrowed to
+            the local piece. Plain parameters are passed through as they are.
+        held: per local tensor in ``local`` order, its :class:`~.held.Held`.
+        left_out: keys of the pieces the reduction left out (a WHOLE piece of a split parameter).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, groups: list[tuple[dict[str, Any], list[Held]]]) -> None:
+        self._state = optimizer.state
+        self._held: dict[int, Held] = {}
+        self._grad_seen: dict[int, Tensor | None] = {}
+        self._regrad: set[int] = set()
+        self.held: list[Held] = []
+        self.left_out: set[str] = set()
+        local_groups = []
+        self._groups = [{id(h.param) for h in pieces} for _, pieces in groups]
+        for group, pieces in groups:
+            for h in pieces:
+                self._held[id(h.local)] = h
+                self.held.append(h)
+                if h.local is not h.param:
+                    set_local_grad(h)
+                    self._grad_seen[id(h.local)] = h.param.grad
+            local_groups.append({**group, "params": [h.local for h in pieces]})
+        self.local = _LocalOptimizer(local_groups, _LocalState(self), optimizer.defaults)
+
+    def cloned(self, view: Any) -> frozenset[int]:
+        """The ids of the local tensors whose update ``view`` cannot rebuild: pieces of split parameters
+        where the view is not element-wise (Muon's Newton-Schulz on the whole matrix, Adafactor's row
+        and column means). The capture's plan clones them: exact, one copy of the piece on logging
+        steps. Whole parameters (replicas, ZeRO) keep the view."""
+        return frozenset() if elementwise(view) else frozenset(id(h.local) for h in self.held if h.split)
+
+    def regrad(self, params: set[int] | None = None) -> None:
+        """Point each local tensor's ``.grad`` at its parameter's grad now (``params``: only those of
+        the parameters with these ids), as an engine that sets grads just before it steps needs."""
+        for h in self.held:
+            if h.local is not h.param and (params is None or id(h.param) in params):
+                set_local_grad(h)
+                self._grad_seen[id(h.local)] = h.param.grad
+
+    def groups_of(self, params: set[int]) -> set[int]:
+        """The indices of the groups of ``local`` that hold a piece of a parameter whose id is in ``params``."""
+        return {i for i, held in enumerate(self._groups) if not held.isdisjoint(params)}
+
+    def release(self, entries: list[Any]) -> None:
+        """Let go of the grads of these entries' local tensors (an engine frees its grads after each
+        base step; holding them to the end of the logging step would keep a copy's worth)."""
+        for e in entries:
+            for t in (e.p, e.whole):
+                t.grad = None
+                if id(t) in self._grad_seen:
+                    self._grad_seen[id(t)] = None
+
+    def refresh_grad(self, shard: Tensor) -> None:
+        """Point ``shard.grad`` at the parameter's current grad, if a closure made a new one.
+
+        The capture reads ``state`` just before each view call."""
+        if id(shard) in self._grad_seen:
+            h = self._held[id(shard)]
+            if h.param.grad is not self._grad_seen[id(shard)]:
+                self._grad_seen[id(shard)] = h.param.grad
+                self._regrad.add(id(shard))
+                set_local_grad(h)
+
+    def original(self, shard: Tensor) -> Tensor:
+        """The parameter whose local piece is ``shard``."""
+        h = self._held.get(id(shard))
+        return shard if h is None else h.param
+
+    def localize_state(self, shard: Tensor, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` as ``shard`` sees it: local tensors of DTensors, tensors shaped like the
+        parameter narrowed to the piece. A plain state dict is returned as is."""
+        h = self._held.get(id(shard))
+        span = None if h is None else h.span
+        if span is None and not any(is_dtensor(v) for v in state.values()):
+            return state
+        out = {}
+        for key, value in state.items():
+            if is_dtensor(value):
+                value = value.to_local()
+            elif span is not None and isinstance(value, Tensor) and value.shape == h.param.shape:
+                value = narrow(value, span, shard)
+            out[key] = value
+        return out
+
+    def reduce(self, entries: list[Any], keys: dict[str, str], ranks: Ranks) -> Reduced:
+        """Global host values of every entry's pieces: one ``all_reduce`` (:func:`.table.reduce`).
+
+        Args:
+            entries: the monitor's lead entries, in ``local`` order (``.name``, ``.p``, ``.pieces``).
+            keys: every key a piece may have -> its reduction, the same on every rank.
+            ranks: the union of the ranks' names (:class:`~.pipeline.Ranks`), kept by the monitor.
+        """
+        from .table import reduce
+
+        for e in entries:
+            if id(e.p) in self._regrad:  # a closure made a new grad inside step(): the shard saw it late
+                e.pieces.pop("grad", None)
+                if e.p.grad is not None:
+                    e.pieces["grad"] = stats.moments(e.p.grad)
+        return reduce(entries, [self._held[id(e.p)] for e in entries], keys, ranks, self.left_out)
+
+
+class _LocalOptimizer:
+    """What the monitor reads instead of a sharded optimizer (see ``Sharding.local``)."""
+
+    def __init__(self, param_groups: list[dict[str, Any]], state: _LocalState, defaults: dict[str, Any]) -> None:
+        self.param_groups = param_groups
+        self.state = state
+        self.defaults = defaults
+
+
+class _LocalState:
+    """``state`` of ``Sharding.local``: read-only, keyed by local tensor, read at call time (the
+    optimizer creates its state lazily during the first step)."""
+
+    def __init__(self, sharding: Sharding) -> None:
+        self._sharding = sharding
+
+    def get(self, shard: Tensor, default: Any = None) -> Any:
+        self._sharding.refresh_grad(shard)
+        state = self._sharding._state.get(self._sharding.original(shard))
+        return default if state is None else self._sharding.localize_state(shard, state)
+
+    def __getitem__(self, shard: Tensor) -> Any:
+        state = self.get(shard)
+        if state is None:
+            raise KeyError(shard)
+        return state
+
+    def __contains__(self, shard: object) -> bool:
+        return isinstance(shard, Tensor) and self.get(shard) is not None
+
+
+__all__ = ["Held", "Ranks", "Reduced", "Remote", "Sharding", "initialized", "is_writer", "sharding"]

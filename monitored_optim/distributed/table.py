@@ -1,0 +1,200 @@
+"""The one collective of a sharded logging step: every rank's pieces in one float64 table.
+
+Each rank turns the pieces of what it holds of each parameter into weighted sums, by the pieces'
+declared reductions (:mod:`monitored_optim.pieces`): a parameter's moments ``(mean, m2)`` over its
+local n elements become the weighted power sums
+
+    (w·n, w·Σx, w·Σx²),   Σx = n·mean,   Σx² = m2 + n·mean²,
+
+a SUM or WHOLE piece ``w·c``, a NORM piece the squares ``w·a²``; ``w`` is the piece's weight
+(:meth:`~.held.Held.weight`), so that every element counts once over the world. One
+``all_reduce(SUM)`` adds the tables, one copy brings the result to the host, and for the whole
+parameter of N elements ``mean = Σx / N``, ``m2 = Σx² - Σx·mean`` (Chan, Golub & LeVeque 1979, in
+power-sum form). Precision: the float64 cancellation costs ``~1e-16·(mean/std)²`` of m2 (1e-8 for
+a LayerNorm weight near 1.0 with std 1e-4); the float32 rounding δ of each shard's mean costs
+``~2·δ·Δμ/std²`` (Δμ the gap between the shards' means), ~1e-5 of m2 for that weight on
+256-element shards.
+
+The table has a block of rows per parameter of the union of the ranks' names
+(:class:`~.pipeline.Ranks`), in the same order on every rank; a rank fills the blocks of the
+parameters it monitors and leaves the others at zero. Two header rows carry a checksum of the
+union, a failure flag (a rank that failed to build its part still joins the collective, so that
+the failure is raised on every rank instead of a hang) and a flag for a rank whose names changed
+since the last exchange (then every rank exchanges again and reduces once more, on that step only).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .. import stats
+from ..pieces import MOMENTS, NORM, SUM, WHOLE
+from .held import Held
+from .pipeline import Ranks, Remote
+
+COLUMNS, HEADER = 4, 2
+"""Table columns, and rows before the first parameter's block."""
+
+CODE = {MOMENTS: 0.0, SUM: 1.0, WHOLE: 1.0, NORM: 2.0}
+"""Each reduction's code in the table build (SUM and WHOLE sum alike)."""
+
+
+class Reduced:
+    """The host values of a reduced table, per parameter of the union (this rank's first).
+
+    Attributes:
+        counts: per parameter N, its total element count (a float holding an integer).
+        pairs: float64 ``(P, 3, 2)``, the ``(mean, m2)`` of each kind of :data:`~monitored_optim.stats.KINDS`
+            over all N elements (a kind missing on a rank counts as zeros there; zeros where no rank had it).
+        present: bool ``(P, 3)``, whether some rank had each kind.
+        pieces: per parameter a dict of the other pieces some rank had (``[count]``, ``[norm, norm]``).
+        remote: the parameters after this rank's own (:class:`~.pipeline.Remote`), monitored elsewhere.
+    """
+
+    def __init__(self, host: list[list[float]], ranks: Ranks, keys: dict[str, str]) -> None:
+        self.counts: list[float] = []
+        pairs, present, self.pieces = [], [], []
+        for name in ranks.names:
+            n, got = _hosted(host, ranks.block[name], keys)
+            self.counts.append(n)
+            pairs += [got.get(kind, [0.0, 0.0]) for kind in stats.KINDS]
+            present += [kind in got for kind in stats.KINDS]
+            self.pieces.append({key: value for key, value in got.items() if key not in stats.KINDS})
+        shape = (len(ranks.names), len(stats.KINDS))
+        self.pairs = torch.tensor(pairs, dtype=torch.float64).reshape(*shape, 2)
+        self.present = torch.tensor(present, dtype=torch.bool).reshape(shape)
+        self.remote: list[Remote] = list(ranks.remote)
+
+
+def reduce(entries: list[Any], held: list[Held], keys: dict[str, str], ranks: Ranks, left_out: set[str]) -> Reduced:
+    """Every entry's pieces summed over the ranks: ONE ``all_reduce`` (SUM) of one float64 table,
+    then one device-to-host copy (two of each on a step where a rank's names changed).
+
+    Args:
+        entries: this rank's entries, one per parameter; each has ``.name``, ``.p`` (its local
+            tensor) and ``.pieces``, float64 device tensors from the local tensor: ``"p"``,
+            ``"grad"``, ``"u"`` (``(mean, m2)``, shape ``(2,)``), counts and sums (shape ``(1,)``),
+            norms (shape ``(k,)``); a piece may be missing on a rank.
+        held: per entry, what this rank holds of it (its weight, whether it is split: a split
+            parameter's WHOLE pieces are left out).
+        keys: every key a piece may have -> its reduction, the same on every rank: a block's rows.
+        ranks: the union of names, exchanged here at the first call and when names change.
+        left_out: where the keys of pieces left out are added.
+
+    Raises:
+        RuntimeError: a rank failed to build its part of the table (raised on every rank after the
+            collective, so that none hangs), or the ranks' unions differ.
+    """
+    local = [Remote(e.name, tuple(e.whole.shape), str(e.p.dtype)) for e in entries]
+    if ranks.local is None:
+        ranks.exchange(local)
+    for attempt in range(2):
+        changed = tuple(r.name for r in local) != ranks.local
+        local_error: Exception | None = None
+        try:
+            table = _table(entries, held, keys, ranks, changed, left_out)
+        except Exception as err:  # join the collective anyway: a rank that skips it hangs the job
+            local_error = err
+            table = _empty(len(ranks.block) * len(keys), ranks.fingerprint, _default_device(), changed)
+            table[0, 3] = 1.0
+        dist.all_reduce(table, op=dist.ReduceOp.SUM)
+        host = table.tolist() if table.device.type == "cpu" else table.cpu().tolist()
+        (count, f_sum, f_sq, failed), (changes, *_) = host[0], host[1]
+        if failed:
+            here = f" (this rank: {type(local_error).__name__}: {local_error})" if local_error else ""
+            raise RuntimeError(f"monitored_optim: {int(failed)} rank(s) could not reduce their figures{here}") \
+                from local_error
+        if changes and not attempt:
+            ranks.exchange(local)  # every rank saw the flag: every rank exchanges
+            continue
+        f = ranks.fingerprint
+        if changes or count != dist.get_world_size() or f_sum != count * f or f_sq != count * f * f:
+            raise RuntimeError(
+                "monitored_optim: the ranks of the default process group disagree on the parameters they "
+                "monitor, so figures cannot be combined. Every rank must step its monitored optimizer on the "
+                "same steps, with names that mean the same parameter on every rank that holds it.")
+        return Reduced(host, ranks, keys)
+    raise AssertionError("unreachable")
+
+
+def _table(entries: list[Any], held: list[Held], keys: dict[str, str], ranks: Ranks, changed: bool,
+           left_out: set[str]) -> Tensor:
+    """This rank's table, shape ``(HEADER + K·P, 4)`` float64 (K = ``len(keys)``, P parameters in the
+    union). Row 0: ``(1, f, f², failed)``; row 1: ``(changed, 0, 0, 0)``. Per parameter block b, rows
+    ``HEADER + Kb + k`` for the keys in order, columns by reduction: MOMENTS ``(w·n, w·Σx, w·Σx²,
+    present)``, SUM and WHOLE ``(w·c, 0, 0, present)``, NORM ``(w·a², w·b², 0, present)``; ``present``
+    is 1 where the rank had the piece (unweighted). A rank whose names ``changed`` since the exchange
+    sends only its header. Built with one stack of the pieces, one small host-to-device copy and
+    one scatter."""
+    order = {key: i for i, key in enumerate(keys)}
+    values, meta = [], []  # meta per piece: (table row, w·n, w, n > 0, reduction code)
+    for e, h in zip(entries, held):
+        block = ranks.block.get(e.name)
+        if block is None or changed:
+            continue
+        w, n = h.weight(ranks.holders[e.name]), float(stats.count(e.p))
+        for key, value in e.pieces.items():
+            how = keys.get(key)
+            if how is None or (how == WHOLE and h.split):
+                left_out.add(key)
+                continue
+            values.append(value.reshape(-1))
+            meta.append((HEADER + len(keys) * block + order[key], w * n, w, float(n > 0), CODE[how]))
+    device = values[0].device if values else _default_device()
+    table = _empty(len(ranks.block) * len(keys), ranks.fingerprint, device, changed)
+    if not values:
+        return table
+    x = torch.stack([torch.nn.functional.pad(v.to(device=device, dtype=torch.float64), (0, 2 - v.numel()))
+                     for v in values])
+    row, wn, w, nonempty, kind = torch.tensor(meta, dtype=torch.float64).to(device).unbind(1)
+    a, b = x.unbind(1)
+    zero = torch.zeros_like(wn)
+    w_sum = torch.where(nonempty > 0, wn * a, zero)  # moments: a = mean, b = m2 (NaN mean if empty)
+    moments = torch.stack([wn, w_sum, torch.where(nonempty > 0, w * b + w_sum * a, zero)], 1)
+    count = torch.stack([w * a, zero, zero], 1)
+    norms = torch.stack([w * a.square(), w * b.square(), zero], 1)
+    k = kind.unsqueeze(1)
+    sums = torch.where(k == CODE[MOMENTS], moments, torch.where(k == CODE[NORM], norms, count))
+    table.index_copy_(0, row.long(), torch.cat([sums, torch.ones_like(wn).unsqueeze(1)], 1))
+    return table
+
+
+def _empty(rows: int, fingerprint: float, device: torch.device, changed: bool) -> Tensor:
+    """A table of ``rows`` piece rows after the two header rows."""
+    table = torch.zeros(HEADER + rows, COLUMNS, dtype=torch.float64, device=device)
+    table[:HEADER, :3] = torch.tensor([[1.0, fingerprint, fingerprint * fingerprint], [float(changed), 0.0, 0.0]],
+                                      dtype=torch.float64)
+    return table
+
+
+def _hosted(host: list[list[float]], block: int, keys: dict[str, str]) -> tuple[float, dict[str, list[float]]]:
+    """``(n, got)`` of one parameter's block of the reduced host table: its element count and its
+    value of every piece that some rank had (a NORM piece: its two norms)."""
+    rows = host[HEADER + len(keys) * block: HEADER + len(keys) * (block + 1)]
+    n = float(round(rows[0][0]))  # the first key is "p", whose w·n sum over ranks is N
+    got: dict[str, list[float]] = {}
+    for (key, how), (a, b, c, present) in zip(keys.items(), rows):
+        if not present:
+            continue
+        if how == MOMENTS:
+            mean = b / n if n > 0 else 0.0
+            got[key] = [mean, max(c - b * mean, 0.0)] if n > 0 else [0.0, 0.0]
+        elif how == NORM:
+            got[key] = [math.sqrt(max(a, 0.0)), math.sqrt(max(b, 0.0))]
+        else:
+            got[key] = [a]
+    return n, got
+
+
+def _default_device() -> torch.device:
+    """Where the table lives when a rank has no moment rows: the accelerator for NCCL-like backends."""
+    backend = str(dist.get_backend()).lower()
+    if "gloo" not in backend and "mpi" not in backend and torch.accelerator.is_available():
+        acc = torch.accelerator.current_accelerator()
+        return torch.device(acc.type, torch.accelerator.current_device_index())
+    return torch.device("cpu")
