@@ -1,0 +1,142 @@
+"""Pipeline stages (``torch.distributed.pipelining``) on CPU/gloo: every rank monitors only its stage's
+parameters, and every rank's figures cover every stage's, under the model's full names, equal to
+the clone truth of the rank that holds each parameter; global norms over the whole model; one
+collective per logging step inside ``opt.step()`` (two more for the names' exchange at the first).
+
+Layouts: two stages alone (2 processes); two stages x two data-parallel replicas (grads averaged
+over the replicas) and two stages x FSDP2 over the data-parallel dimension of a (2, 2) mesh (4
+processes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+from monitored_optim import Monitored, MonitorConfig
+from test_distributed import EXCHANGE, CountCollectives, launch
+
+STEPS, EVERY, BATCH, LAYERS = 4, 2, 8, 4
+RATIO_TOL, NORM_RTOL = 2e-3, 1e-4
+STAGE_LAYERS = [["0", "1"], ["2", "3"]]
+
+
+class Net(nn.Module):
+    """A stack of layers under full names (``layers.2.weight``); a stage keeps only its own layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleDict({"0": nn.Linear(8, 16), "1": nn.LayerNorm(16), "2": nn.Linear(16, 16),
+                                     "3": nn.Linear(16, 4)})
+        for name in ("0", "2", "3"):
+            nn.init.zeros_(self.layers[name].bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers.values():
+            x = layer(x)
+        return x
+
+
+def stage_module(index: int) -> Net:
+    net = Net()
+    for name in list(net.layers):
+        if name not in STAGE_LAYERS[index]:
+            del net.layers[name]
+    return net
+
+
+def full(p: torch.Tensor) -> torch.Tensor:
+    return (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().double().clone()
+
+
+def _run(rank, world, outdir, dp: str | None):
+    """Train STEPS steps; return this rank's latest figures at logging steps, the clone truth of its
+    own parameters and the collectives inside ``opt.step()``."""
+    if dp is None:
+        pp_group, stage_index, replica, replicas = dist.group.WORLD, rank, 0, 1
+    else:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+        pp_group, stage_index = mesh["pp"].get_group(), mesh["pp"].get_local_rank()
+        replica, replicas = mesh["dp"].get_local_rank(), 2
+    module = stage_module(stage_index)
+    if dp == "fsdp2":
+        fully_shard(module, mesh=mesh["dp"])
+    stage = PipelineStage(module, stage_index, 2, torch.device("cpu"), group=pp_group)
+    schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, y: (out - y).square().mean())
+    named = list(module.named_parameters())
+    opt = Monitored(torch.optim.AdamW)(named, lr=1e-2, weight_decay=0.1,
+                                       monitor=MonitorConfig(backend="none", every=EVERY))
+    latest, truth, counts = {}, {}, []
+    for step in range(1, STEPS + 1):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(BATCH, 8, generator=g), torch.randn(BATCH, 4, generator=g)
+        part = slice(replica * BATCH // replicas, (replica + 1) * BATCH // replicas)
+        opt.zero_grad()
+        if stage_index == 0:
+            schedule.step(x[part])
+        else:
+            schedule.step(target=y[part])
+        if dp == "replicas":
+            for _, p in named:
+                dist.all_reduce(p.grad, group=mesh["dp"].get_group())
+                p.grad /= replicas
+        if step % EVERY == 0:
+            before = {n: full(p) for n, p in named}
+            grads = {n: full(p.grad) for n, p in named}
+        with CountCollectives() as c:
+            opt.step()
+        counts.append(c.ops)
+        if step % EVERY == 0:
+            latest[step] = dict(opt.monitor.latest)
+            truth[step] = {n: (before[n], grads[n], full(p)) for n, p in named}
+    return {"latest": latest, "truth": truth, "counts": counts}
+
+
+def figures(truth: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    out, sq = {}, {"update": 0.0, "grad": 0.0, "param": 0.0}
+    for name, (p, g, after) in truth.items():
+        u = after - p
+        out[f"update_norm/{name}"], out[f"param_norm/{name}"], out[f"grad_norm/{name}"] = \
+            u.norm().item(), p.norm().item(), g.norm().item()
+        out[f"update_to_data/{name}"] = math.log10(u.std().item() / p.std().item())
+        out[f"grad_to_data/{name}"] = math.log10(g.std().item() / p.std().item())
+        for kind, t in (("update", u), ("grad", g), ("param", p)):
+            sq[kind] += t.square().sum().item()
+    out.update({f"global/{kind}_norm": math.sqrt(v) for kind, v in sq.items()})
+    return out
+
+
+@pytest.mark.parametrize("dp,world", [(None, 2), ("replicas", 4), ("fsdp2", 4)],
+                         ids=["stages", "stages x replicas", "stages x fsdp2"])
+def test_every_rank_gets_every_stage_figures_equal_to_the_clone_truth(dp, world, tmp_path):
+    results = launch(lambda r, w, o: _run(r, w, o, dp), world, tmp_path, deadline=300.0)
+    names = {f"layers.{layer}.{kind}" for stage in STAGE_LAYERS for layer in stage for kind in ("weight", "bias")}
+    for step in range(EVERY, STEPS + 1, EVERY):
+        truth = {}
+        for res in results:
+            truth.update(res["truth"][step])  # a replica's truth is the same parameter's
+        assert set(truth) == names
+        want = figures(truth)
+        for rank, res in enumerate(results):
+            got = res["latest"][step]
+            assert got == results[0]["latest"][step], rank
+            for tag, value in want.items():
+                if "_to_data/" in tag:
+                    assert abs(got[tag] - value) <= RATIO_TOL, (rank, step, tag, got[tag], value)
+                else:
+                    assert abs(got[tag] - value) <= NORM_RTOL * abs(value), (rank, step, tag, got[tag], value)
+    for rank, res in enumerate(results):
+        for step, ops in enumerate(res["counts"], start=1):
+            if step % EVERY == 0:
+                assert ops == (EXCHANGE if step == EVERY else []) + ["c10d.allreduce_.default"], (rank, step, ops)
+            else:
+                assert ops == [], (rank, step, ops)
