@@ -319,7 +319,7 @@ class Monitor:
                 warn(f"monitored_optim: DeepSpeed's {type(wrapper).__name__} was found at its first step, so step "
                      f"{self._step} is counted but not measured; figures start at the next logging step",
                      RuntimeWarning)
-        return deepspeed.Layout(wrapper, lambda p: self._born.get(id(p)) or self._model_names.get(id(p), "param"))
+        return deepspeed.Layout(wrapper, self._born, self._model_names)
 
     def _engine_step(self, step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The DeepSpeed wrapper's ``step()``: one optimizer step of the engine, whatever number of

@@ -166,3 +166,58 @@ def test_deepspeed_zero_figures_equal_the_gathered_truth(stage, tmp_path):
         assert res["warnings"] == [], (case, res["warnings"])
         lines = (tmp_path / f"{precision}-{count}-True" / "logs" / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(line)["step"] for line in lines] == sorted(res["rows"]), case
+
+
+def _hf(rank, world, outdir, stage):
+    """The HF Trainer with ``deepspeed=``, the monitored class given as ``optimizer_cls_and_kwargs``,
+    beside the same run with the plain class."""
+    import warnings
+
+    import transformers
+    from accelerate.state import AcceleratorState, PartialState
+
+    from test_integrations import Tokens, tiny_gpt2
+
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    out = {}
+    for monitored in (True, False):
+        model = tiny_gpt2()
+        config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                  "gradient_clipping": "auto", "zero_optimization": {"stage": stage}}
+        args = transformers.TrainingArguments(
+            output_dir=os.path.join(outdir, f"hf{monitored}"), max_steps=STEPS, per_device_train_batch_size=2,
+            deepspeed=config, save_strategy="no", report_to=[], seed=0, data_seed=0, dataloader_num_workers=0,
+            disable_tqdm=True)
+        kwargs = {"lr": 1e-3}
+        if monitored:
+            kwargs["monitor"] = MonitorConfig(backend="jsonl", every=EVERY, logdir=os.path.join(outdir, "logs"),
+                                              model=model)
+        cls = Monitored(torch.optim.AdamW) if monitored else torch.optim.AdamW
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(16),
+                                       optimizer_cls_and_kwargs=(cls, kwargs))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            trainer.train()
+        engine = trainer.model_wrapped
+        opt = engine.basic_optimizer
+        out[monitored] = {"final": full(model, stage, engine.optimizer),
+                          "names": [n for n, p in model.named_parameters() if p.requires_grad],
+                          "step": opt.monitor.step if monitored else None,
+                          "latest": dict(opt.monitor.latest) if monitored else None,
+                          "warnings": [str(w.message) for w in seen if "monitored_optim" in str(w.message)]}
+        AcceleratorState._reset_state(reset_partial_state=True)  # the next Trainer builds its own
+        PartialState._reset_state()
+    return out
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_hf_trainer_deepspeed_monitors_the_model_by_name(stage, tmp_path):
+    results = launch(lambda r, w, o: _hf(r, w, o, stage), 2, tmp_path, deadline=DEADLINE)
+    got, plain = results[0][True], results[0][False]
+    for name, value in plain["final"].items():
+        assert torch.equal(got["final"][name], value), name
+    assert got["step"] == STEPS and got["warnings"] == []
+    assert {t.split("/", 1)[1] for t in got["latest"] if t.startswith("update_to_data/")} == set(got["names"])
+    assert results[1][True]["latest"] == got["latest"]
+    lines = (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(EVERY, STEPS + 1, EVERY))

@@ -85,12 +85,19 @@ class Layout:
 
     Args:
         wrapper: the DeepSpeed wrapper (one of :data:`WRAPPERS`).
-        name: the name of a model parameter (``param{k}`` where it has none).
+        born: id -> name of the parameters the optimizer was built with (``param{k}`` where unnamed).
+        known: id -> name of the parameters of watched models.
+
+    A parameter is named as its param group named it, else as a watched model or DeepSpeed's
+    engine (``model.named_parameters()``) names it, else ``param{k}``.
     """
 
-    def __init__(self, wrapper: Any, name: Callable[[Tensor], str]) -> None:
+    def __init__(self, wrapper: Any, born: dict[int, str], known: dict[int, str]) -> None:
         self.wrapper = weakref.proxy(wrapper)
-        self.name = name
+        engine = getattr(wrapper, "param_names", None) or getattr(getattr(wrapper, "deepspeed", None),
+                                                                  "param_names", None) or {}
+        self._engine = {id(p): name for p, name in engine.items()}
+        self._born, self._known = born, known
         kind = type(wrapper).__name__
         self._flats = {"FP16_UnfusedOptimizer": _unfused, "FP16_Optimizer": _fused, "BF16_Optimizer": _bf16,
                        "DeepSpeedZeroOptimizer": _zero12, "DeepSpeedZeroOptimizer_Stage3": _zero3}[kind]
@@ -102,6 +109,13 @@ class Layout:
         for group, pieces in self._flats(self.wrapper):
             out.append(({**group, "param_names": [self.name(h.source) for h in pieces]}, pieces))
         return out
+
+    def name(self, p: Tensor) -> str:
+        """The name of the model's parameter ``p`` (see the class docstring)."""
+        born = self._born.get(id(p), "param")
+        if born.startswith("param") and born[5:].isdigit() or born == "param":
+            return self._known.get(id(p)) or self._engine.get(id(p)) or born
+        return born
 
 
 def _fragments(flat: Tensor, sources: list[Tensor], spans: list[tuple[int, int, int]], shards: int | None
