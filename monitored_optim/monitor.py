@@ -111,6 +111,8 @@ class Monitor:
         self._pending: _Pending | None = None  # a logging step of the DeepSpeed wrapper's in progress
         self._calls = 0  # base steps called during the DeepSpeed wrapper's step
         self._born: dict[int, str] = {}  # id -> name of the parameters the optimizer was built with
+        self._usage = _Usage(optimizer_cls.__name__)
+        weakref.finalize(self, _UNSTEPPED.append, self._usage)  # told at exit if it was never stepped
         self._watched: list[weakref.ref[torch.nn.Module]] = []
         self._model_names: dict[int, str] = {}
         self._warned_unnamed = False
@@ -284,6 +286,8 @@ class Monitor:
         Returns what the base step returns (the closure's loss, if any).
         """
         if self._engine is None:
+            self._usage.stepped = True
+            _USAGE.stepped = True
             self._engine = self._find_engine(optimizer)
         if self._engine:
             return self._engine_call(optimizer, step_fn, args, kwargs)
@@ -444,6 +448,7 @@ class Monitor:
         run at interpreter exit)."""
         self.capture.release()
         self._backends.close()
+        _tell_unstepped([self._usage])
         _OPEN.discard(self)
         _ALL.discard(self)  # a monitor resumed into the same logdir after this one is no clash
 
@@ -580,3 +585,33 @@ def _warn_if_shared(settings: Settings) -> None:
 def _close_all() -> None:
     for monitor in list(_OPEN):
         monitor.close()
+    _tell_unstepped([monitor._usage for monitor in list(_ALL)] + _UNSTEPPED)
+
+
+class _Usage:
+    """Whether a monitor's optimizer was ever stepped (kept past the monitor, for the exit's notice)."""
+
+    __slots__ = ("label", "stepped", "told")
+
+    def __init__(self, label: str) -> None:
+        self.label, self.stepped, self.told = label, False, False
+
+
+_USAGE = _Usage("any")
+"""Whether any monitored optimizer of this process was stepped."""
+_UNSTEPPED: list[_Usage] = []
+"""The usages of the monitors collected so far (told about at exit if never stepped)."""
+
+
+def _tell_unstepped(usages: list[_Usage]) -> None:
+    """Warn once that monitored optimizers were built but never stepped, where no monitored optimizer
+    of this process was (a trainer that built its own optimizer: nothing would be logged, silently)."""
+    idle = [u for u in usages if not (u.stepped or u.told)]
+    if not idle or _USAGE.stepped:
+        return
+    for u in idle:
+        u.told = True
+    warn(f"monitored_optim: {len(idle)} monitored optimizer(s) ({', '.join(sorted({u.label for u in idle}))}) were "
+         "built but never stepped, so nothing was logged; a trainer may have built its own optimizer instead (the HF "
+         "Trainer with deepspeed= does: give it optimizer_cls_and_kwargs=(Monitored(torch.optim.AdamW), {...}) instead "
+         "of optimizers=)", RuntimeWarning)

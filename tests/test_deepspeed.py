@@ -13,6 +13,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -221,3 +224,17 @@ def test_hf_trainer_deepspeed_monitors_the_model_by_name(stage, tmp_path):
     assert results[1][True]["latest"] == got["latest"]
     lines = (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == list(range(EVERY, STEPS + 1, EVERY))
+
+
+def test_a_monitored_optimizer_the_trainer_replaced_says_so_at_exit(tmp_path):
+    """``Trainer(optimizers=(Monitored(AdamW)(...), None), deepspeed=...)``: the Trainer trains with an
+    AdamW of its own; the monitored one, never stepped, says so once when the process ends."""
+    from test_distributed import _free_port
+
+    child = Path(__file__).with_name("replaced_child.py")
+    done = subprocess.run([sys.executable, str(child), str(_free_port()), str(tmp_path)], capture_output=True,
+                          text=True, timeout=300, cwd=child.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-2:] == ["2", "AdamW"]  # trained 2 steps, with the Trainer's own optimizer
+    told = [line for line in done.stderr.splitlines() if "monitored_optim" in line]
+    assert len(told) == 1 and "1 monitored optimizer(s) (AdamW) were built but never stepped" in told[0], told
