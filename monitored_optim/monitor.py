@@ -110,6 +110,7 @@ class Monitor:
         self._engine: Any = None  # a DeepSpeed wrapper's layout once found, False where there is none
         self._pending: _Pending | None = None  # a logging step of the DeepSpeed wrapper's in progress
         self._calls = 0  # base steps called during the DeepSpeed wrapper's step
+        self._last_flat: int | None = None  # id of the flat buffer that ends the step found inside
         self._born: dict[int, str] = {}  # id -> name of the parameters the optimizer was built with
         self._usage = _Usage(optimizer_cls.__name__)
         weakref.finalize(self, _UNSTEPPED.append, self._usage)  # told at exit if it was never stepped
@@ -288,7 +289,7 @@ class Monitor:
         if self._engine is None:
             self._usage.stepped = True
             _USAGE.stepped = True
-            self._engine = self._find_engine(optimizer)
+            self._find_engine(optimizer)
         if self._engine:
             return self._engine_call(optimizer, step_fn, args, kwargs)
         found_inf = getattr(optimizer, "found_inf", None)
@@ -309,40 +310,47 @@ class Monitor:
         self._finish(optimizer, pending)
         return out
 
-    def _find_engine(self, optimizer: torch.optim.Optimizer) -> Any:
-        """The layout of the DeepSpeed wrapper that calls this optimizer's step, or False; decided at
-        the first call. The wrapper's own ``step`` is made the step the monitor counts."""
+    def _find_engine(self, optimizer: torch.optim.Optimizer) -> None:
+        """Decide at the first call whether a DeepSpeed wrapper calls this optimizer's step (its layout
+        in ``_engine``, else False), and make the wrapper's own ``step`` the step the monitor counts.
+        Found inside the wrapper's first step, that step ends with the base step of its last flat buffer."""
         found = deepspeed.find(optimizer) if distributed.initialized() else None
         if found is None:
-            return False
+            self._engine = False
+            return
         wrapper, inside = found
         deepspeed.engine_step(wrapper, self._engine_step)
-        if inside:  # found in the middle of the wrapper's first step: counted, not measured
-            self._step += 1
-            if self._step % self.settings.every == 0:
-                warn(f"monitored_optim: DeepSpeed's {type(wrapper).__name__} was found at its first step, so step "
-                     f"{self._step} is counted but not measured; figures start at the next logging step",
-                     RuntimeWarning)
-        return deepspeed.Layout(wrapper, self._born, self._model_names)
+        self._engine = deepspeed.Layout(wrapper, self._born, self._model_names)
+        if inside:
+            self._last_flat = self._engine.last()
+            self._begin_engine_step(optimizer)
 
     def _engine_step(self, step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The DeepSpeed wrapper's ``step()``: one optimizer step of the engine, whatever number of
         base steps it calls (none: a skipped step, an fp16 overflow), measured every ``every`` steps."""
         optimizer = self._optimizer()
-        logs = optimizer is not None and not (self._step + 1) % self.settings.every
-        self._calls = 0
-        self._pending = self._open(optimizer, self._engine) if logs else None
+        self._begin_engine_step(optimizer)
         try:
             out = step(*args, **kwargs)
-        finally:
-            pending, self._pending = self._pending, None
+        except BaseException:
+            self._pending = None
+            raise
+        self._end_engine_step(optimizer)
+        return out
+
+    def _begin_engine_step(self, optimizer: torch.optim.Optimizer | None) -> None:
+        self._calls = 0
+        logs = optimizer is not None and not (self._step + 1) % self.settings.every
+        self._pending = self._open(optimizer, self._engine) if logs else None
+
+    def _end_engine_step(self, optimizer: torch.optim.Optimizer | None) -> None:
+        pending, self._pending = self._pending, None
         if not self._calls:
             self.skipped()
         elif pending is not None:
             self._finish(optimizer, pending)
         else:
             self._step += 1
-        return out
 
     def _engine_call(self, optimizer: torch.optim.Optimizer, step_fn: Callable[..., Any],
                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -352,15 +360,20 @@ class Monitor:
         self.base_calls += 1
         self._calls += 1
         pending = self._pending
-        if pending is None:
+        if pending is None and self._last_flat is None:
             return step_fn(optimizer, *args, **kwargs)
         stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        pending.sharding.regrad(stepped)  # the wrapper sets the flat grads just before it steps
-        groups = pending.sharding.groups_of(stepped)
-        made, args, kwargs = self._before(pending, args, kwargs, groups)
-        out = step_fn(optimizer, *args, **kwargs)
-        self._after(pending, made)
-        pending.sharding.release(made.all)  # no grad of the wrapper's is held past its base step
+        if pending is None:
+            out = step_fn(optimizer, *args, **kwargs)
+        else:
+            pending.sharding.regrad(stepped)  # the wrapper sets the flat grads just before it steps
+            made, args, kwargs = self._before(pending, args, kwargs, pending.sharding.groups_of(stepped))
+            out = step_fn(optimizer, *args, **kwargs)
+            self._after(pending, made)
+            pending.sharding.release(made.all)  # no grad of the wrapper's is held past its base step
+        if self._last_flat in stepped:  # the first step, found inside: it ends here
+            self._last_flat = None
+            self._end_engine_step(optimizer)
         return out
 
     @torch.compiler.disable

@@ -93,7 +93,7 @@ class Layout:
     """
 
     def __init__(self, wrapper: Any, born: dict[int, str], known: dict[int, str]) -> None:
-        self.wrapper = weakref.proxy(wrapper)
+        self.wrapper = weakref.ref(wrapper)  # the wrapper holds the optimizer, which holds the monitor
         engine = getattr(wrapper, "param_names", None) or getattr(getattr(wrapper, "deepspeed", None),
                                                                   "param_names", None) or {}
         self._engine = {id(p): name for p, name in engine.items()}
@@ -106,9 +106,13 @@ class Layout:
         """Per flat tensor, in the order the wrapper steps them, its param group (with the model's
         names as ``param_names``) and the fragments it holds."""
         out = []
-        for group, pieces in self._flats(self.wrapper):
+        for group, pieces in self._flats(self.wrapper()):
             out.append(({**group, "param_names": [self.name(h.source) for h in pieces]}, pieces))
         return out
+
+    def last(self) -> int:
+        """The id of the flat tensor the wrapper steps last in each of its steps."""
+        return id(self._flats(self.wrapper())[-1][1][-1].param)
 
     def name(self, p: Tensor) -> str:
         """The name of the model's parameter ``p`` (see the class docstring)."""
@@ -172,7 +176,19 @@ def _bf16(w: Any) -> list[tuple[dict[str, Any], list[Held]]]:
 
 
 def _zero12(w: Any) -> list[tuple[dict[str, Any], list[Held]]]:
-    return _mapped(w.optimizer.param_groups, w.single_partition_of_fp32_groups, w.bit16_groups)
+    return _mapped(_all_groups(w), w.single_partition_of_fp32_groups, w.bit16_groups)
+
+
+def _all_groups(w: Any) -> list[dict[str, Any]]:
+    """The optimizer's param groups, all of them: stages 1-2 leave only the group being stepped in
+    ``param_groups`` during ``_optimizer_step``, which holds the whole list as ``original_param_groups``."""
+    groups = w.optimizer.param_groups
+    frame = sys._getframe(1)
+    while len(groups) < len(w.single_partition_of_fp32_groups) and frame is not None:
+        if frame.f_locals.get("self") is w and "original_param_groups" in frame.f_locals:
+            groups = frame.f_locals["original_param_groups"]
+        frame = frame.f_back
+    return groups
 
 
 def _zero3(w: Any) -> list[tuple[dict[str, Any], list[Held]]]:
