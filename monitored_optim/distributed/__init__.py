@@ -2,7 +2,7 @@
 
 Under ``torch.distributed`` each rank holds a shard of a parameter, a copy of it, a fragment of a
 flat buffer, or none of it (another pipeline stage's). On a logging step the monitor reads, through
-:attr:`Sharding.local`, only plain local tensors: the views rebuild the update of what the rank
+``Sharding.local``, only plain local tensors: the views rebuild the update of what the rank
 holds, and :func:`monitored_optim.stats.moments` reduces p_before, grad and update to
 ``(mean, m2)`` exactly as in the single-process path (no DTensor reduction, so no hidden
 collective). :mod:`~.table` then sums every rank's pieces in **one** ``all_reduce`` and one host copy.
@@ -104,7 +104,7 @@ class Sharding:
     Attributes:
         local: an optimizer-like object (``param_groups``, ``state``, ``defaults``) for the monitor to
             read instead of the optimizer: the groups, each parameter replaced by its local tensor
-            (:attr:`~.held.Held.local`), whose ``.grad`` is the matching local grad; the ``state``
+            (``Held.local``), whose ``.grad`` is the matching local grad; the ``state``
             mapping answers for a local tensor with the state of its parameter, each ``DTensor`` in
             it replaced by its local tensor and each tensor shaped like the parameter narrowed to
             the local piece. Plain parameters are passed through as they are.
@@ -240,4 +240,4 @@ class _LocalState:
         return isinstance(shard, Tensor) and self.get(shard) is not None
 
 
-__all__ = ["Held", "Ranks", "Reduced", "Remote", "Sharding", "initialized", "is_writer", "sharding"]
+__all__ = ["Sharding", "initialized", "is_writer", "sharding"]
