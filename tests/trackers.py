@@ -18,6 +18,10 @@ import pytest
 TRACKIO_DIR = Path(tempfile.mkdtemp(prefix="monitored-optim-trackio-"))
 os.environ.setdefault("TRACKIO_DIR", str(TRACKIO_DIR))  # trackio reads it once, when it is imported
 
+OTHERS = ("user/", "train/")
+"""The user's and the Hugging Face Trainer's metrics, which Comet may hold twice at one step (the
+Trainer logs ``train/epoch`` again in its summary)."""
+
 Rows = dict[int, dict[str, float]]
 """``{step: {metric name: value}}``: every point of a run."""
 
@@ -187,7 +191,7 @@ class Comet(Tracker):
                 metric = message["payload"].get("metric") if message["type"] == "metric_msg" else None
                 if metric and metric["step"] is not None and not metric["metricName"].startswith("sys."):  # not Comet's own
                     point = rows.setdefault(metric["step"], {})
-                    assert metric["metricName"] not in point or metric["metricName"].startswith("user/"), metric
+                    assert metric["metricName"] not in point or metric["metricName"].startswith(OTHERS), metric
                     point[metric["metricName"]] = metric["metricValue"]
             out.append(rows)
         return out
