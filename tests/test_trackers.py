@@ -79,6 +79,8 @@ def test_own_run_holds_every_figure_at_its_step_and_is_closed(tracker, tmp_path)
     assert tracker.active() is None
     (rows,) = tracker.runs(tmp_path)  # one run, complete once close() returned
     assert rows == as_keys(tracker.name, latest)
+    if tracker.name == "swanlab":  # plotted against the optimizer step, as in W&B
+        assert {key: tracker.x_axes[key] for key in latest[6]} == dict.fromkeys(latest[6], "optimizer/step")
 
 
 def test_open_run_is_reused_left_open_and_keeps_its_own_steps(tracker, tmp_path):

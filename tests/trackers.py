@@ -124,7 +124,7 @@ class Swanlab(Tracker):
         from swanlab.proto.swanlab.record.v1.record_pb2 import Record
         from swanlab.sdk.internal.core_python.store import DataStoreReader
 
-        out = []
+        out, self.x_axes = [], {}  # and each metric's x axis ("" for SwanLab's step)
         for path in sorted(tmp_path.rglob("run-*.swanlab")):
             reader = DataStoreReader()
             reader.open(path)
@@ -134,6 +134,8 @@ class Swanlab(Tracker):
                 record = Record()
                 record.ParseFromString(data)
                 finished |= record.HasField("finish")
+                if record.HasField("column"):
+                    self.x_axes[record.column.column_key] = record.column.x_axis
                 if record.HasField("scalar"):
                     point = by_step.setdefault(record.scalar.step, {})
                     assert record.scalar.key not in point, record.scalar.key  # no point written twice
