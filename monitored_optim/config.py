@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .tags import DEFAULT_FAMILIES, FAMILIES
-BACKENDS = ("tensorboard", "wandb", "jsonl", "mlflow")
+BACKENDS = ("tensorboard", "wandb", "jsonl", "mlflow", "trackio", "swanlab", "comet")
 """Backend names accepted in ``MonitorConfig.backend`` and ``MONITORED_OPTIM_BACKEND`` (plus ``none``)."""
 
 ENV_BACKEND = "MONITORED_OPTIM_BACKEND"
@@ -54,7 +54,8 @@ class MonitorConfig:
     Each field left at ``None`` is read from its environment variable, then from the default.
 
     Args:
-        backend: ``"tensorboard"`` (default), ``"wandb"``, ``"mlflow"``, ``"jsonl"``, ``"none"``, a
+        backend: ``"tensorboard"`` (default), ``"wandb"``, ``"mlflow"``, ``"trackio"``, ``"swanlab"``,
+            ``"comet"``, ``"jsonl"``, ``"none"``, a
             comma-separated string of these, or a list or tuple of names (case-insensitive), which may also hold
             your own sinks: objects with ``log(metrics, step)`` (and optionally ``close()``), or
             callables ``fn(metrics, step)`` (an alert, an early-stopping rule, a custom tracker).
@@ -91,7 +92,8 @@ class MonitorConfig:
             from ``update_to_data``, ``grad_to_data``, ``norms``, ``lr``, ``health``,
             ``update_lost``, ``spikes``, ``state``, ``spectral``, or ``"all"``. Default: all but
             ``state`` and ``spectral``. Environment: ``MONITORED_OPTIM_FIGURES``.
-        tag_budget: the most tags one logging step sends to TensorBoard, W&B and MLflow (int >= 1,
+        tag_budget: the most tags one logging step sends to the dashboards (TensorBoard, W&B, MLflow,
+            trackio, SwanLab, Comet; int >= 1,
             default 2000); above it, parameters whose names differ only in a layer index are sent
             as min, median and max over depth (see the README's "Many parameters"), while
             ``metrics.jsonl`` keeps every per-parameter figure. Environment:

@@ -566,14 +566,24 @@ def _make_logdir(settings: Settings) -> None:
 
 
 def _check_installed(backends: tuple[str, ...]) -> None:
+    """Fail at construction for a backend whose package is missing.
+
+    Raises:
+        ImportError: naming the backend, its package and the extra that installs it.
+    """
     import importlib.util
 
-    package = {"tensorboard": "tensorboardX", "wandb": "wandb", "jsonl": None, "mlflow": "mlflow"}
     for name in backends:
-        module = package[name]
+        module, extra = _PACKAGES[name]
         if module and importlib.util.find_spec(module) is None:
-            raise ImportError(f"monitored_optim backend {name!r} needs the {module} package: "
-                              f"pip install {module}")
+            how = f"pip install 'monitored_optim[{extra}]'" if extra else f"pip install {module}"
+            raise ImportError(f"monitored_optim backend {name!r} needs the {module} package: {how}")
+
+
+_PACKAGES = {"tensorboard": ("tensorboardX", None), "wandb": ("wandb", "wandb"), "jsonl": (None, None),
+             "mlflow": ("mlflow", "mlflow"), "trackio": ("trackio", "trackio"), "swanlab": ("swanlab", "swanlab"),
+             "comet": ("comet_ml", "comet")}
+"""Backend -> (the module it imports, the extra that installs it)."""
 
 
 _OPEN: "weakref.WeakSet[Monitor]" = weakref.WeakSet()

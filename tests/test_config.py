@@ -19,9 +19,9 @@ def build(**config):
 
 
 @pytest.mark.parametrize("var,value,allowed", [
-    ("MONITORED_OPTIM_BACKEND", "tensorbord", "tensorboard, wandb, jsonl, mlflow, none"),
-    ("MONITORED_OPTIM_BACKEND", "jsonl,foo", "tensorboard, wandb, jsonl, mlflow, none"),
-    ("MONITORED_OPTIM_BACKEND", ",", "tensorboard, wandb, jsonl, mlflow, none"),
+    ("MONITORED_OPTIM_BACKEND", "tensorbord", "tensorboard, wandb, jsonl, mlflow, trackio, swanlab, comet, none"),
+    ("MONITORED_OPTIM_BACKEND", "jsonl,foo", "tensorboard, wandb, jsonl, mlflow, trackio, swanlab, comet, none"),
+    ("MONITORED_OPTIM_BACKEND", ",", "tensorboard, wandb, jsonl, mlflow, trackio, swanlab, comet, none"),
     ("MONITORED_OPTIM_EVERY", "0", "integer >= 1"),
     ("MONITORED_OPTIM_EVERY", "-3", "integer >= 1"),
     ("MONITORED_OPTIM_EVERY", "ten", "integer >= 1"),
@@ -37,10 +37,10 @@ def test_bad_environment_raises_at_construction(monkeypatch, var, value, allowed
 
 
 @pytest.mark.parametrize("field,value,allowed", [
-    ("backend", "tb", "tensorboard, wandb, jsonl, mlflow, none"),
-    ("backend", ["jsonl", 3], "tensorboard, wandb, jsonl, mlflow, none"),
-    ("backend", 123, "tensorboard, wandb, jsonl, mlflow, none"),
-    ("backend", [], "tensorboard, wandb, jsonl, mlflow, none"),
+    ("backend", "tb", "tensorboard, wandb, jsonl, mlflow, trackio, swanlab, comet, none"),
+    ("backend", ["jsonl", 3], "tensorboard, wandb, jsonl, mlflow, trackio, swanlab, comet, none"),
+    ("backend", 123, "tensorboard, wandb, jsonl, mlflow, trackio, swanlab, comet, none"),
+    ("backend", [], "tensorboard, wandb, jsonl, mlflow, trackio, swanlab, comet, none"),
     ("every", 0, "integer >= 1"),
     ("every", True, "integer >= 1"),
     ("every", 1.5, "integer >= 1"),

@@ -21,13 +21,13 @@ CHILD = Path(__file__).with_name("exit_child.py")
 
 
 def run_child(how: str, backends: str, tmp_path: Path) -> tuple[int, dict[str, float], str]:
-    """Run ``exit_child.py`` to its end (sending SIGTERM once it has logged, for the ``sigterm``
-    ways): its exit status, the figures of its last step and its stderr."""
+    """Run ``exit_child.py`` in ``tmp_path`` to its end (sending SIGTERM once it has logged, for the
+    ``sigterm`` ways): its exit status, the figures of its last step and its stderr."""
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path)}
     child = subprocess.Popen([sys.executable, str(CHILD), how, backends, str(tmp_path / "run")], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = child.stdout.readline()
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:  # the figures' line, after what the trackers print
+        line = next((out for out in iter(child.stdout.readline, "") if out.startswith("{")), "")
         if how.startswith("sigterm") and line:
             child.send_signal(signal.SIGTERM)
         _, stderr = child.communicate(timeout=120)

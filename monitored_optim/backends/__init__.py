@@ -32,7 +32,7 @@ def open_backend(name: str, logdir: Path) -> Backend:
 
     Raises:
         ValueError: unknown ``name``.
-        ImportError: the backend's package is missing (``pip install wandb``, ``pip install mlflow``).
+        ImportError: the backend's package is missing (``pip install 'monitored_optim[comet]'``, ...).
     """
     if name == "tensorboard":
         from .tensorboard import TensorBoardBackend
@@ -50,6 +50,18 @@ def open_backend(name: str, logdir: Path) -> Backend:
         from .mlflow import MlflowBackend
 
         return MlflowBackend()
+    if name == "trackio":
+        from .trackio import TrackioBackend
+
+        return TrackioBackend()
+    if name == "swanlab":
+        from .swanlab import SwanlabBackend
+
+        return SwanlabBackend(logdir)
+    if name == "comet":
+        from .comet import CometBackend
+
+        return CometBackend(logdir)
     raise ValueError(f"unknown backend {name!r}")
 
 
@@ -60,7 +72,7 @@ _WRITERS = itertools.count()
 FILES = ("tensorboard", "jsonl")
 """The backends that write files in the logdir (a second process writing there is warned about: :mod:`.lock`)."""
 
-GROUPED = ("tensorboard", "wandb", "mlflow")
+GROUPED = ("tensorboard", "wandb", "mlflow", "trackio", "swanlab", "comet")
 """The backends that get a logging step over the tag budget grouped by depth (dashboards)."""
 
 
@@ -93,7 +105,7 @@ class Fanout:
             compact: Callable[[], dict[str, float]] | None = None) -> None:
         """Send ``metrics`` at ``step`` to every working backend, opening them the first time.
 
-        ``compact``, when given, makes what goes to TensorBoard and W&B instead (the figures grouped
+        ``compact``, when given, makes what goes to the dashboards (:data:`GROUPED`) instead (the figures grouped
         by depth, for a step over the tag budget), called once and only where one of them is open;
         ``metrics.jsonl`` and the user's sinks always get ``metrics``."""
         if self._open is None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 import time
 
 import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import Metric
+
+from .names import Keys, shorten
 
 MAX_KEY = 250
 """The longest metric name MLflow accepts (``mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH``)."""
@@ -30,13 +31,7 @@ def metric_key(tag: str) -> str:
     joined by 8 hex digits of the tag's SHA-1, so that long names stay apart.
     """
     key = "/".join("_" if part in ("", ".", "..") else _REFUSED.sub("_", part) for part in tag.split("/"))
-    if len(key) > MAX_KEY:
-        key = f"{key[:150]}-{_digest(tag)}-{key[-(MAX_KEY - 160):]}"
-    return key
-
-
-def _digest(tag: str) -> str:
-    return hashlib.sha1(tag.encode()).hexdigest()[:8]
+    return shorten(key, tag, MAX_KEY)
 
 
 class MlflowBackend:
@@ -65,8 +60,7 @@ class MlflowBackend:
         self._owned = active is None
         self._run_id: str | None = (mlflow.start_run() if active is None else active).info.run_id
         self._client = MlflowClient()
-        self._keys: dict[str, str] = {}
-        self._taken: set[str] = set()
+        self._key = Keys(metric_key, MAX_KEY)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         stamp = int(time.time() * 1000)
@@ -79,14 +73,3 @@ class MlflowBackend:
         active = mlflow.active_run()
         if self._owned and active is not None and active.info.run_id == run_id:
             mlflow.end_run()
-
-    def _key(self, tag: str) -> str:
-        """The key of ``tag`` in this run, the same at every step and no other tag's."""
-        key = self._keys.get(tag)
-        if key is None:
-            key = metric_key(tag)
-            if key in self._taken:
-                key = f"{key[:MAX_KEY - 9]}-{_digest(tag)}"
-            self._keys[tag] = key
-            self._taken.add(key)
-        return key

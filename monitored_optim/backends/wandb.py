@@ -8,8 +8,7 @@ from pathlib import Path
 
 import wandb
 
-STEP_METRIC = "optimizer/step"
-"""The key that carries the monitor's x axis in every row it logs."""
+from .names import STEP_METRIC, Families
 
 
 class WandbBackend:
@@ -40,13 +39,11 @@ class WandbBackend:
         else:
             self._run = wandb.run
         self._run.define_metric(STEP_METRIC)
-        self._families: set[str] = set()
+        self._families = Families()
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        families = {tag.split("/", 1)[0] for tag in metrics if "/" in tag} - self._families
-        for family in sorted(families):
+        for family in self._families.new(metrics):
             self._run.define_metric(f"{family}/*", step_metric=STEP_METRIC)
-        self._families |= families
         self._run.log({**metrics, STEP_METRIC: step})
 
     def close(self) -> None:
