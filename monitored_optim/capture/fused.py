@@ -220,6 +220,15 @@ save), and keep IEEE float semantics whatever the user's inductor settings (the 
 store and :func:`~monitored_optim.capture.rules.mantissa_gap` rely on each rounding)."""
 
 
+def _inductor_options() -> dict[str, Any]:
+    """:data:`INDUCTOR`, less the options this torch's inductor does not know (torch 2.11 has no
+    ``realize_cpu_opcount_threshold``; ``torch.compile`` refuses an unknown option)."""
+    from torch._inductor import config
+
+    known = config.get_config_copy()
+    return {key: value for key, value in INDUCTOR.items() if key in known}
+
+
 class Fuser:
     """The fused capture's functions of one monitor under ``MonitorConfig(compile=mode)``: compiled
     where :func:`enabled`, eager elsewhere, and back to eager where compiling fails (warned once;
@@ -236,7 +245,7 @@ class Fuser:
         if enabled(self.mode, device) and not self._failed:
             compiled = self._compiled.get(fn.__name__)
             if compiled is None:
-                compiled = self._compiled[fn.__name__] = torch.compile(fn, dynamic=True, options=INDUCTOR)
+                compiled = self._compiled[fn.__name__] = torch.compile(fn, dynamic=True, options=_inductor_options())
             try:
                 with torch._dynamo.config.patch(recompile_limit=RECOMPILES):
                     return compiled(*args)
