@@ -240,3 +240,14 @@ def test_a_parameter_that_leaves_the_flat_capture_keeps_its_ratios(tmp_path):
     opt.step(closure)
     truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, {"p": p.grad.detach().clone()}))
     assert "update_to_data/p" in opt.monitor.latest and "grad_to_data/p" in opt.monitor.latest
+
+
+def test_inductor_options_this_torch_does_not_know_are_left_out(monkeypatch):
+    """torch.compile refuses an option its inductor does not know (torch 2.11 has no
+    ``realize_cpu_opcount_threshold``, which 2.13 has): such options are left out, the others kept."""
+    from monitored_optim.capture import fused
+
+    monkeypatch.setitem(fused.INDUCTOR, "an_option_of_a_later_torch", 1)
+    options = fused._inductor_options()
+    assert "an_option_of_a_later_torch" not in options
+    assert options["realize_reads_threshold"] == 64 and options["cpp.enable_unsafe_math_opt_flag"] is False

@@ -243,10 +243,11 @@ class Fuser:
         """``fn(*args)``, compiled (dynamic shapes) where :func:`enabled` for ``device``, else or after
         a failure eagerly."""
         if enabled(self.mode, device) and not self._failed:
-            compiled = self._compiled.get(fn.__name__)
-            if compiled is None:
-                compiled = self._compiled[fn.__name__] = torch.compile(fn, dynamic=True, options=_inductor_options())
-            try:
+            try:  # building the compiled function can fail too (an option this torch refuses)
+                compiled = self._compiled.get(fn.__name__)
+                if compiled is None:
+                    compiled = self._compiled[fn.__name__] = torch.compile(fn, dynamic=True,
+                                                                           options=_inductor_options())
                 with torch._dynamo.config.patch(recompile_limit=RECOMPILES):
                     return compiled(*args)
             except Exception as err:  # noqa: BLE001 - any compiler failure: run eagerly instead
