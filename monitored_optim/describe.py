@@ -66,13 +66,13 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, st
 _SKIPPED = "skipped (left out by the selection: params=, exclude= or MONITORED_OPTIM_PARAMS)"
 
 
-def kind(p: torch.Tensor) -> str:
-    """``"matrix"`` for a parameter of ndim >= 2 (embeddings included), else ``"vector"`` (biases,
-    norm gains, scalars): how the report judges its update-to-data ratio."""
-    return "matrix" if p.dim() >= 2 else "vector"
+def kind(p: torch.Tensor | torch.Size) -> str:
+    """``"matrix"`` for a parameter (or a shape) of ndim >= 2 (embeddings included), else ``"vector"``
+    (biases, norm gains, scalars): how the report judges its update-to-data ratio."""
+    return "matrix" if len(p.shape if isinstance(p, torch.Tensor) else p) >= 2 else "vector"
 
 
-def write_shapes(path: Path, prefix: str, params: list[tuple[str, torch.Tensor, torch.dtype]]) -> None:
+def write_shapes(path: Path, prefix: str, params: list[tuple[str, torch.Size, torch.dtype]]) -> None:
     """Write ``path`` (``<logdir>/params.json``): each monitored parameter's shape, dtype and kind
     (``matrix``: ndim >= 2, embeddings included; ``vector``: biases, norm gains, scalars), for the
     report. Labels carry the tag ``prefix``; several monitors sharing the logdir merge their
@@ -82,10 +82,10 @@ def write_shapes(path: Path, prefix: str, params: list[tuple[str, torch.Tensor, 
     Args:
         path: the file to write.
         prefix: the monitor's tag prefix (``""`` or ``"gen/"``).
-        params: ``(name, parameter, dtype)`` of each monitored parameter.
+        params: ``(name, shape, dtype)`` of each monitored parameter (its whole shape).
     """
-    shapes = {prefix + name: {"shape": list(p.shape), "dtype": str(dtype).replace("torch.", ""),
-                              "kind": kind(p)} for name, p, dtype in params}
+    shapes = {prefix + name: {"shape": list(shape), "dtype": str(dtype).replace("torch.", ""),
+                              "kind": kind(shape)} for name, shape, dtype in params}
     try:
         known = json.loads(path.read_text()) if path.exists() else {}
         path.write_text(json.dumps({**known, **shapes}, indent=1))

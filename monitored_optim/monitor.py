@@ -413,14 +413,15 @@ class Monitor:
         self._step += 1
         sharding, entries = pending.sharding, pending.entries
         self.capture.finish(entries)
-        roster = self.capture.roster(entries)
+        roster = self.capture.roster(entries, None if sharding is None else sharding.shape)
         lr_values = tensor_lrs(optimizer)
         hosted, read_lrs, remote = self._hosted(entries, roster, pending.batch.finish(), sharding, lr_values)
         lrs = group_lrs(optimizer, dict(zip(lr_values, read_lrs)))
         groups = (optimizer if sharding is None else sharding.local).param_groups
-        figures = self._figures.compute(self.step, roster.joined(remote), hosted, optimizer, lrs, groups)
+        everyone = roster.joined(remote)
+        figures = self._figures.compute(self.step, everyone, hosted, optimizer, lrs, groups)
         self.capture.remember(roster, hosted.head(len(roster.names)) if remote else hosted)
-        self._deliver(figures, entries, roster)
+        self._deliver(figures, everyone)
         for model in (ref() for ref in self._watched):
             if model is not None:
                 self.health.check_watched(model, self._held_params(optimizer))
@@ -478,7 +479,7 @@ class Monitor:
                 warn(f"monitored_optim: {shown} left out under torch.distributed: only the state tensors of "
                      "torch's own optimizers have a place in the one collective", RuntimeWarning)
 
-    def _deliver(self, figures: dict[str, float], entries: Entries, roster: Roster) -> None:
+    def _deliver(self, figures: dict[str, float], roster: Roster) -> None:
         """Stage 7: ``latest``, then on the writing rank ``params.json`` (when the parameters changed)
         and the backends (over the tag budget, the dashboards get the figures grouped by depth)."""
         prefix = self.settings.prefix
@@ -493,7 +494,7 @@ class Monitor:
             from .describe import write_shapes
 
             write_shapes(self.settings.logdir / "params.json", self.settings.prefix,
-                         [(e.name, e.whole, e.p.dtype) for e in entries.leads])
+                         list(zip(roster.names, roster.shapes, roster.dtypes)))
         _OPEN.add(self)
         over = len(self.latest) > self.settings.tag_budget
         self._backends.log(self.latest, self.step, functools.partial(self._grouped, prefix) if over else None)

@@ -169,8 +169,11 @@ def test_deepspeed_zero_figures_equal_the_gathered_truth(stage, tmp_path):
             more = (step % EVERY == 0) * (1 + 2 * (step == EVERY))  # the table; the names, at the first
             assert len(ops) == plain_ops[step - 1] + more, (case, step, ops, plain["counts"][step - 1])
         assert res["warnings"] == [], (case, res["warnings"])
-        lines = (tmp_path / f"{precision}-{count}-True" / "logs" / "metrics.jsonl").read_text().splitlines()
+        logs = tmp_path / f"{precision}-{count}-True" / "logs"
+        lines = (logs / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(line)["step"] for line in lines] == sorted(res["rows"]), case
+        shapes = {name: v["shape"] for name, v in json.loads((logs / "params.json").read_text()).items()}
+        assert shapes == {name: list(p.shape) for name, p in model().named_parameters()}, case  # not a fragment's
 
 
 def _hf(rank, world, outdir, stage):

@@ -206,12 +206,13 @@ class Capture:
                 for key, value in made.items():
                     self.eager.add_piece(by_name[name], key, value)
 
-    def roster(self, entries: Entries) -> Roster:
+    def roster(self, entries: Entries, shape: Any = None) -> Roster:
         """This logging step's :class:`~monitored_optim.capture.plan.Roster`: the last one where its plan
-        and the composition of its entries not captured flat are the same, else a new one."""
+        and the composition of its entries not captured flat are the same, else a new one
+        (``shape``: see :meth:`~monitored_optim.capture.plan.Roster.of`)."""
         held, order = self._roster, composition(entries.unflat)
         if held is None or held.plan is not self.plan or held.composition != order:
-            held = self._roster = Roster.of(self.plan, order, entries.leads)
+            held = self._roster = Roster.of(self.plan, order, entries.leads, shape)
         return held
 
     def remember(self, roster: Roster, hosted: stats.Hosted) -> None:

@@ -259,7 +259,9 @@ class Roster:
         composition: :func:`composition` of the entries.
         names: ``N`` parameter names.
         index: int64 ``(N, K)``, each parameter's slot per kind of ``stats.KINDS``.
-        shapes: ``N`` ``torch.Size``.
+        shapes: ``N`` ``torch.Size``, each the whole parameter's (under ``torch.distributed``, as the
+            :class:`~monitored_optim.distributed.Sharding` knows it: not the shard's).
+        dtypes: ``N`` ``torch.dtype``.
         eps: float64 ``(N,)``, :func:`~monitored_optim.capture.rules.eps` of each dtype.
         groups: ``N`` ints, ``id`` of each parameter's param group.
         low: indices of the parameters in bf16/fp16.
@@ -272,6 +274,7 @@ class Roster:
     names: list[str]
     index: Tensor
     shapes: list[torch.Size]
+    dtypes: list[torch.dtype]
     eps: Tensor
     groups: list[int]
     low: list[int]
@@ -282,15 +285,17 @@ class Roster:
         self.position = {name: i for i, name in enumerate(self.names)}
 
     @classmethod
-    def of(cls, plan: Plan, composition: list[tuple[str, bool, bool, tuple[int, ...]]], leads: list[Entry]
-           ) -> Roster:
-        """The roster of a logging step's ``leads`` (the entries that hold slots), from ``plan``."""
+    def of(cls, plan: Plan, composition: list[tuple[str, bool, bool, tuple[int, ...]]], leads: list[Entry],
+           shape: Any = None) -> Roster:
+        """The roster of a logging step's ``leads`` (the entries that hold slots), from ``plan``
+        (``shape``: the whole parameter's shape of an entry's tensor, where it is a piece)."""
         eps_of = {dtype: machine_eps(dtype) for dtype in {e.p.dtype for e in leads}}
         index = torch.tensor([e.slots[kind] for e in leads for kind in stats.KINDS], dtype=torch.long)
         eps = torch.tensor([eps_of[e.p.dtype] for e in leads], dtype=torch.float64)
         low = [i for i, e in enumerate(leads) if e.p.dtype in LOW_PRECISION]
         return cls(plan, composition, [e.name for e in leads], index.reshape(-1, len(stats.KINDS)),
-                   [e.whole.shape for e in leads], eps, [id(e.group) for e in leads], low,
+                   [e.whole.shape if shape is None else shape(e.p) for e in leads], [e.p.dtype for e in leads],
+                   eps, [id(e.group) for e in leads], low,
                    [i for i, e in enumerate(leads) if e.flat is None])
 
 
@@ -303,7 +308,7 @@ class Roster:
         dtypes = [getattr(torch, r.dtype.removeprefix("torch.")) for r in remote]
         start = len(self.names)
         return Roster(self.plan, self.composition, self.names + [r.name for r in remote], self.index,
-                      self.shapes + [torch.Size(r.shape) for r in remote],
+                      self.shapes + [torch.Size(r.shape) for r in remote], self.dtypes + dtypes,
                       torch.cat([self.eps, torch.tensor([machine_eps(d) for d in dtypes], dtype=torch.float64)]),
                       self.groups + [0] * len(remote),
                       self.low + [start + i for i, d in enumerate(dtypes) if d in LOW_PRECISION], self.captured)

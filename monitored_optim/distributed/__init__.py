@@ -170,6 +170,14 @@ class Sharding:
                 self._regrad.add(id(shard))
                 set_local_grad(h)
 
+    def shape(self, local: Tensor) -> torch.Size:
+        """The whole parameter's shape of a local tensor (a model parameter's, for a flat buffer's fragment)."""
+        h = self._held.get(id(local))
+        if h is None:
+            return local.shape
+        source = h.source if h.source is not None else h.param
+        return getattr(source, "ds_shape", None) or source.shape
+
     def original(self, shard: Tensor) -> Tensor:
         """The parameter whose local piece is ``shard``."""
         h = self._held.get(id(shard))
@@ -206,7 +214,8 @@ class Sharding:
                 e.pieces.pop("grad", None)
                 if e.p.grad is not None:
                     e.pieces["grad"] = stats.moments(e.p.grad)
-        return reduce(entries, [self._held[id(e.p)] for e in entries], keys, ranks, self.left_out)
+        local = [Remote(e.name, tuple(self.shape(e.p)), str(e.p.dtype)) for e in entries]
+        return reduce(entries, local, [self._held[id(e.p)] for e in entries], keys, ranks, self.left_out)
 
 
 class _LocalOptimizer:

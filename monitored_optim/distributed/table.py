@@ -71,7 +71,8 @@ class Reduced:
         self.remote: list[Remote] = list(ranks.remote)
 
 
-def reduce(entries: list[Any], held: list[Held], keys: dict[str, str], ranks: Ranks, left_out: set[str]) -> Reduced:
+def reduce(entries: list[Any], local: list[Remote], held: list[Held], keys: dict[str, str], ranks: Ranks,
+           left_out: set[str]) -> Reduced:
     """Every entry's pieces summed over the ranks: ONE ``all_reduce`` (SUM) of one float64 table,
     then one device-to-host copy (two of each on a step where a rank's names changed).
 
@@ -80,6 +81,7 @@ def reduce(entries: list[Any], held: list[Held], keys: dict[str, str], ranks: Ra
             tensor) and ``.pieces``, float64 device tensors from the local tensor: ``"p"``,
             ``"grad"``, ``"u"`` (``(mean, m2)``, shape ``(2,)``), counts and sums (shape ``(1,)``),
             norms (shape ``(k,)``); a piece may be missing on a rank.
+        local: per entry, its name, whole shape and dtype (what the other ranks learn of it).
         held: per entry, what this rank holds of it (its weight, whether it is split: a split
             parameter's WHOLE pieces are left out).
         keys: every key a piece may have -> its reduction, the same on every rank: a block's rows.
@@ -90,7 +92,6 @@ def reduce(entries: list[Any], held: list[Held], keys: dict[str, str], ranks: Ra
         RuntimeError: a rank failed to build its part of the table (raised on every rank after the
             collective, so that none hangs), or the ranks' unions differ.
     """
-    local = [Remote(e.name, tuple(e.whole.shape), str(e.p.dtype)) for e in entries]
     if ranks.local is None:
         ranks.exchange(local)
     for attempt in range(2):
