@@ -94,6 +94,7 @@ class Monitor:
         self._told_back = False
         self._told_budget = False
         self._told_left_out: set[str] = set()
+        self._told_unmapped = False
         self._described: tuple[str, ...] = ()
         self.base_calls = 0
         self.latest: dict[str, float] = {}
@@ -388,6 +389,8 @@ class Monitor:
         """Stage 2: the capture before a base step (of the param groups ``groups``, None: all); returns
         the entries it made and the step's arguments, a closure wrapped to record the grads it makes."""
         optimizer, sharding = self._optimizer(), pending.sharding
+        if not (self._engine or self._told_unmapped):  # a known DeepSpeed wrapper's buffers are mapped
+            self._tell_unmapped(optimizer)
         grad_scale = getattr(optimizer, "grad_scale", None)
         fuse = (sharding is None and grad_scale is None and not self.settings.verify
                 and closure_of(args, kwargs, self._closure_first) is None
@@ -465,6 +468,18 @@ class Monitor:
         _tell_unstepped([self._usage])
         _OPEN.discard(self)
         _ALL.discard(self)  # a monitor resumed into the same logdir after this one is no clash
+
+    def _tell_unmapped(self, optimizer: torch.optim.Optimizer) -> None:
+        """Warn once where a param group's names are not as many as its tensors: an engine (an
+        optimizer wrapper this monitor does not know) stepped buffers of its own, named param{k}."""
+        odd = [group for group in optimizer.param_groups
+               if group.get("param_names") and len(group["param_names"]) != len(group["params"])]
+        if odd:
+            self._told_unmapped = True
+            warn(f"monitored_optim: a param group names {len(odd[0]['param_names'])} parameters but holds "
+                 f"{len(odd[0]['params'])} tensor(s): something replaced them with buffers of its own that the monitor "
+                 "cannot map back to the named parameters, so their figures are logged as param0, param1, ... (the "
+                 "tensors the optimizer steps), not under the parameters' names", RuntimeWarning)
 
     def _tell_left_out(self, keys: set[str]) -> None:
         """Warn once per key head that the sharded reduction left its figures out, and why."""

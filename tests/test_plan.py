@@ -191,3 +191,19 @@ def test_close_lets_go_of_parameters_the_optimizer_no_longer_holds(tmp_path):
     gc.collect()
     assert held() is None
 
+
+
+def test_a_group_whose_tensors_an_engine_replaced_is_not_logged_under_their_names():
+    """An optimizer wrapper the monitor does not know replaces a group's parameters with one flat
+    buffer and keeps its ``param_names``: the buffer's figures are logged as ``param0``, never under
+    a parameter's name, and one warning says why."""
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), lr=0.1, monitor=MonitorConfig(backend="none", every=1))
+    flat = torch.nn.Parameter(torch.cat([p.detach().reshape(-1) for p in net.parameters()]))
+    opt.param_groups[0]["params"] = [flat]
+    flat.grad = torch.ones_like(flat)
+    with pytest.warns(RuntimeWarning, match="cannot map back to the named parameters") as seen:
+        opt.step()
+        opt.step()
+    assert len([w for w in seen if "monitored_optim" in str(w.message)]) == 1
+    assert {t.split("/", 1)[1] for t in opt.monitor.latest if t.startswith("update_norm/")} == {"param0"}

@@ -111,6 +111,9 @@ def names(optimizer: torch.optim.Optimizer, known: dict[int, str] | None = None)
     """Each group's ``param_names``, else each parameter's name in ``known`` (id -> name from a
     watched model), else ``param{k}`` numbered across groups.
 
+    A group whose ``param_names`` are not as many as its parameters (an engine replaced them with
+    flat buffers of its own, which are none of the named parameters) is named as if it had none.
+
     A name given twice (two modules' ``named_parameters()`` in two groups both say ``weight``, or two
     parameters of one group) gets ``@group{i}`` appended where it repeats (:func:`_unique`), so that
     no figure or health count overwrites another.
@@ -118,6 +121,8 @@ def names(optimizer: torch.optim.Optimizer, known: dict[int, str] | None = None)
     names, k, seen, known = [], 0, set(), known or {}
     for i, group in enumerate(optimizer.param_groups):
         given = group.get("param_names")
+        if given and len(given) != len(group["params"]):  # an engine put buffers of its own in the group
+            given = None
         own = list(given) if given else [known[id(p)] if id(p) in known else f"param{k + j}"
                                          for j, p in enumerate(group["params"])]
         if not seen.isdisjoint(own) or len(set(own)) < len(own):
