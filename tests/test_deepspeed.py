@@ -243,3 +243,20 @@ def test_a_monitored_optimizer_the_trainer_replaced_says_so_at_exit(tmp_path):
     assert done.stdout.split()[-2:] == ["2", "AdamW"]  # trained 2 steps, with the Trainer's own optimizer
     told = [line for line in done.stderr.splitlines() if "monitored_optim" in line]
     assert len(told) == 1 and "1 monitored optimizer(s) (AdamW) were built but never stepped" in told[0], told
+
+
+def test_digits_deepspeed_example_runs_under_torchrun(tmp_path):
+    """examples/digits_deepspeed.py at stage 3 on 2 CPU processes: trains, rank 0 alone writes and prints,
+    the figures under the model's names."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "digits_deepspeed.py"
+    env = {**os.environ, "MONITORED_OPTIM_BACKEND": "jsonl", "MONITORED_OPTIM_LOGDIR": str(tmp_path / "logs"),
+           "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(example), "--stage", "3", "--epochs", "2"], env=env, capture_output=True, text=True,
+                         timeout=300, cwd=example.parent)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 2 * 23 + 1))  # conftest: every=1
+    assert out.stdout.count("test accuracy") == 1 and "ZeRO stage 3 on 2 ranks, 46 optimizer steps" in out.stdout
+    line = next(line for line in out.stdout.splitlines() if line.startswith("fc2.weight "))
+    assert float(line.split()[1]) == round(rows[-1]["update_to_data/fc2.weight"], 2)
