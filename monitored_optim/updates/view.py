@@ -32,6 +32,10 @@ class View(abc.ABC):
     """
 
     elementwise: bool = False
+    checks_store: bool = False
+    """Whether :meth:`before` replays the step and measures the stored change its rebuild gives, so that
+    the snapshot rule's rounding risk (:mod:`monitored_optim.capture.rules`) is its own to judge.
+    Default False."""
 
     def bound(self, optimizer: Any) -> View:
         """The view for ``optimizer``, asked once when the monitor binds to it: a view whose arithmetic
@@ -85,7 +89,7 @@ class View(abc.ABC):
         return None
 
 
-OPTIONAL = ("elementwise", "bound", "update_many", "keeps_grad", "fusable", "fused")
+OPTIONAL = ("elementwise", "checks_store", "bound", "update_many", "keeps_grad", "fusable", "fused")
 """The capabilities a registered view without the :class:`View` base may leave out (:func:`adopt`)."""
 
 
