@@ -76,6 +76,12 @@ class View(abc.ABC):
         sums may be taken after it (decided before the step). Default: True."""
         return True
 
+    def held(self, group: dict[str, Any]) -> bool:
+        """Whether the step just taken left every parameter of ``group`` unchanged by the optimizer's
+        own design (a silent warm-up phase), read after the step: health then counts none of them as
+        unchanged nor any update as lost. Default: False."""
+        return False
+
     def fusable(self, group: dict[str, Any]) -> bool:
         """Whether :meth:`fused` serves ``group`` (decided before the step). Default: False."""
         return False
@@ -89,7 +95,7 @@ class View(abc.ABC):
         return None
 
 
-OPTIONAL = ("elementwise", "checks_store", "bound", "update_many", "keeps_grad", "fusable", "fused")
+OPTIONAL = ("elementwise", "checks_store", "bound", "update_many", "keeps_grad", "held", "fusable", "fused")
 """The capabilities a registered view without the :class:`View` base may leave out (:func:`adopt`)."""
 
 
