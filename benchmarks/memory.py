@@ -141,8 +141,13 @@ def _third_party() -> dict[str, tuple[type, dict]]:
     found = {}
     for name, module, cls, kwargs in (
             ("lion", "lion_pytorch", "Lion", dict(lr=1e-4)),
+            ("lion-optimizer", "pytorch_optimizer", "Lion", dict(lr=1e-4, weight_decay=0.1)),
             ("prodigy", "prodigyopt", "Prodigy", dict(lr=1.0, weight_decay=0.1)),
             ("schedulefree-adamw", "schedulefree", "AdamWScheduleFree", dict(lr=1e-3, weight_decay=0.1)),
+            *((f"schedulefree-sgd-{lr:g}", "schedulefree", "SGDScheduleFree", dict(lr=lr, weight_decay=wd))
+              for lr, wd in ((1.0, 0.0), (1e-2, 1e-4), (1e-3, 0.0))),
+            *((f"schedulefree-radam-{lr:g}", "schedulefree", "RAdamScheduleFree", dict(lr=lr, weight_decay=wd))
+              for lr, wd in ((1e-3, 0.0), (1e-4, 0.1))),
             ("hf-adafactor", "transformers.optimization", "Adafactor",
              dict(lr=1e-3, scale_parameter=False, relative_step=False)),
             ("bnb-adamw32", "bitsandbytes.optim", "AdamW", dict(lr=6e-4, weight_decay=0.1, optim_bits=32)),
@@ -162,7 +167,12 @@ def _built(cls: type, params: list, kwargs: dict, **extra) -> torch.optim.Optimi
     return opt
 
 
-def _steps(name: str, monitored: bool, steps: int = 3, track: bool = False) -> tuple[int, int]:
+STEPS = {"schedulefree-radam-0.001": 7, "schedulefree-radam-0.0001": 7}
+"""Steps per run other than 3: RAdam schedule-free's first 4 leave every weight as it is (its silent
+phase), so its runs go on to its rectified steps."""
+
+
+def _steps(name: str, monitored: bool, steps: int | None = None, track: bool = False) -> tuple[int, int]:
     """Build the GPT-2-shaped parameters and run ``steps`` steps of optimizer ``name`` (every step
     a logging step when ``monitored``), with random grads. Returns (peak bytes that the steps
     allocated, tracked by :class:`PeakMemory` when ``track``, else 0; parameter bytes)."""
@@ -176,7 +186,7 @@ def _steps(name: str, monitored: bool, steps: int = 3, track: bool = False) -> t
         opt = _built(cls, [p for _, p in named], kwargs)
     gen = torch.Generator().manual_seed(1)
     peak = 0
-    for _ in range(steps):
+    for _ in range(steps or STEPS.get(name, 3)):
         for _, p in named:  # in place after the first step: no transient second copy of the grads
             p.grad = torch.empty_like(p) if p.grad is None else p.grad
             p.grad.normal_(0, 1e-3, generator=gen)

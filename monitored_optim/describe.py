@@ -98,7 +98,7 @@ def _route(monitor: Any, plan: Plan, item: Planned, way: str | None) -> str:
     p = item.p
     if not (p.is_floating_point() or p.is_complex()):
         return "skipped (integer tensor: never stepped)"
-    reason = snapshot_reason(p, id(p) in plan.shared, item.name in monitor.capture.risk)
+    reason = snapshot_reason(p, id(p) in plan.shared, monitor.capture.risky(item.name))
     taken = route(item, way, reason, dense_grad=True)
     view = type(monitor.view).__name__
     if taken == CLONE:

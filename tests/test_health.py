@@ -184,3 +184,32 @@ def test_an_empty_parameter_is_never_counted_as_unchanged(tmp_path):
             opt.step()
     assert opt.monitor.latest["health/unchanged"] == 0
     assert not [w for w in caught if "has not changed" in str(w.message)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_radam_schedule_free_silent_steps_are_no_false_alarm(dtype):
+    """RAdamScheduleFree leaves every weight as it is on its first four steps by design (its silent
+    warm-up, lr·rect with rect = 0): no parameter is counted unchanged, none warned about, no bf16
+    update counted lost; once it moves (step 5 on) the figures are as usual. A group whose lr the user
+    set to 0 is still warned about."""
+    cls = pytest.importorskip("schedulefree").RAdamScheduleFree
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)).to(dtype)
+    frozen = nn.Linear(8, 8).to(dtype)
+    groups = [{"params": list(model.named_parameters())},
+              {"params": [("frozen." + n, p) for n, p in frozen.named_parameters()], "lr": 0.0}]
+    opt = Monitored(cls)(groups, lr=1e-3, monitor=MonitorConfig(backend="none"))
+    opt.train()
+    x = torch.randn(16, 32, dtype=dtype)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(1, 7):
+            opt.zero_grad()
+            (model(x).square().mean() + frozen(model(x)).square().mean()).backward()
+            opt.step()
+            latest = opt.monitor.latest
+            assert latest["health/unchanged"] == 2, step  # the user's lr=0 group only
+            if step <= 4:
+                assert all(v == 0 for k, v in latest.items() if k.startswith("update_lost/") and "frozen" not in k)
+    stale = [str(w.message) for w in caught if "has not changed" in str(w.message)]
+    assert len(stale) == 1 and "'frozen.weight'" in stale[0] and "'0.weight'" not in stale[0], stale

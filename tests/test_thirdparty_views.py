@@ -84,24 +84,32 @@ def _initial(kind: str, shape, gen: torch.Generator) -> torch.Tensor:
 GRID = list(itertools.product(CASES, INITS, LRS))
 
 
+def _truth(opt, named, before, grads):
+    """:func:`truth.figures` after a step of ``opt``, held where schedule-free RAdam's silent phase
+    kept its lr at 0 by design (its ``scheduled_lr``, lr·rect with rect = 0; the lr itself not 0)."""
+    group = opt.param_groups[0]
+    held = "silent_sgd_phase" in group and group["scheduled_lr"] == 0 and group["lr"] != 0
+    return truth.figures(named, before, grads, held)
+
+
 def _step_beside_plain(opt, plain, named, plain_named, gen: torch.Generator, steps: int = STEPS,
-                       cloned: bool = False) -> None:
+                       cloned: bool | None = None) -> None:
     """``steps`` steps of the monitored ``opt`` and the ``plain`` one on the same random grads: each
-    step's figures equal the clone truth and the parameters stay equal bit for bit; where
-    ``cloned``, the view's ``before`` takes a clone of every parameter before each step."""
+    step's figures equal the clone truth and the parameters stay equal bit for bit; where ``cloned``
+    is True (False), the view's ``before`` takes (takes no) clone of every parameter before each step."""
     for _ in range(steps):
         for (_, p), (_, q) in zip(named, plain_named):
             p.grad = 1e-2 * torch.randn(p.shape, generator=gen)
             q.grad = p.grad.clone()
-            if cloned:
-                assert isinstance(opt.monitor.view.before(opt.param_groups[0], p, opt.state[p]), Cloned)
+            if cloned is not None:
+                assert isinstance(opt.monitor.view.before(opt.param_groups[0], p, opt.state[p]), Cloned) == cloned
         before, grads = truth.snapshot(named)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             opt.step()
         plain.step()
         assert all(re.search(HEALTH, str(w.message)) for w in caught), [str(w.message) for w in caught]
-        truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+        truth.assert_figures_match(opt.monitor.latest, _truth(opt, named, before, grads))
         assert all(torch.equal(p, q) for (_, p), (_, q) in zip(named, plain_named))
 
 
@@ -118,6 +126,19 @@ def test_figures_equal_clone_truth_and_trajectory_is_the_plain_optimizers(case, 
     assert_state_dicts_equal(opt.state_dict(), plain.state_dict())
 
 
+def _logged_step(opt, named, gen: torch.Generator):
+    """One step of ``opt`` on random grads, warning about nothing but :data:`HEALTH`: its figures (a
+    copy of ``latest``) and the clones of the parameters and grads before it."""
+    for _, p in named:
+        p.grad = 1e-2 * torch.randn(p.shape, generator=gen)
+    before, grads = truth.snapshot(named)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+    assert all(re.search(HEALTH, str(w.message)) for w in caught), [str(w.message) for w in caught]
+    return dict(opt.monitor.latest), before, grads
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_view_is_named_cuts_large_parameters_and_verifies(case, tmp_path):
     """A N(0, 0.02) matrix and one of more than PART_ELEMENTS elements: ``describe()`` names the view
@@ -132,17 +153,10 @@ def test_view_is_named_cuts_large_parameters_and_verifies(case, tmp_path):
     sliced = rf"view \({view}\), in \d+ slices$" if opt.monitor.view.elementwise else rf"view \({view}\)$"
     assert rows["w"].endswith(f"view ({view})") and re.search(sliced, rows["big"]), rows
     for _ in range(STEPS):
-        for _, p in named:
-            p.grad = 1e-2 * torch.randn(p.shape, generator=gen)
-        before, grads = truth.snapshot(named)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            opt.step()
-        assert all(re.search(HEALTH, str(w.message)) for w in caught), [str(w.message) for w in caught]
-        latest = dict(opt.monitor.latest)
+        latest, before, grads = _logged_step(opt, named, gen)
         assert latest.pop("verify/max_rel_error") < 1e-3  # below verify's own alarm (no warning either)
         truth.assert_figures_match({k: v for k, v in latest.items() if not k.startswith("verify/")},
-                                   truth.figures(named, before, grads))
+                                   _truth(opt, named, before, grads))
     w = named[0][1]
     snapshot = opt.monitor.view.before(opt.param_groups[0], w, opt.state[w])
     assert isinstance(snapshot, Cloned) == (case in CLONED)  # rebuilt, not cloned
@@ -169,7 +183,7 @@ def test_lion_signs_within_rounding_of_zero_take_a_clone(case, tmp_path):
     assert isinstance(opt.monitor.view.before(opt.param_groups[0], w, opt.state[w]), Cloned)
     before, grads = truth.snapshot(named)
     opt.step()
-    truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+    truth.assert_figures_match(opt.monitor.latest, _truth(opt, named, before, grads))
 
 
 @pytest.mark.parametrize("name,kwargs", [("Adam8bit", {}), ("AdamW", dict(optim_bits=8)), ("SGD", dict(momentum=0.9)),
@@ -205,31 +219,56 @@ def test_prodigy_keeps_two_numbers_and_sees_a_step_that_moved_nothing(tmp_path):
         assert opt.monitor.view.before(group, w, opt.state[w]) == (group["d"], group["k"])
         before, grads = truth.snapshot(named)
         opt.step()
-        truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+        truth.assert_figures_match(opt.monitor.latest, _truth(opt, named, before, grads))
         assert opt.monitor.latest["health/unchanged"] == float(not grad.any())
     assert opt.param_groups[0]["k"] == 1
 
-def test_schedule_free_clones_where_its_rebuild_would_miss(tmp_path):
+def test_schedule_free_keeps_the_replayed_sums_where_its_rebuild_would_miss(tmp_path):
     """AdamWScheduleFree at lr 1e-6: its lerp towards z loses p_b's last bit on a share of the
-    elements, a miss larger than MISS of the update's spread here, so ``before`` clones, and the
-    figures equal the clone truth; the rebuild alone (as the capture would invert it) misses. The
-    matrix spans several of the check's blocks (``CHECK_BLOCK``), whose sums are combined."""
+    elements, a miss larger than MISS of the update's spread here, so ``before`` keeps the sums of the
+    step replayed (no clone), and the figures equal the clone truth; the rebuild alone (as the
+    capture would invert it) misses. The matrix spans several of the check's blocks
+    (``CHECK_BLOCK``), whose sums are combined."""
     pytest.importorskip("schedulefree")
+    from monitored_optim.updates import Summed
+
     gen = torch.Generator().manual_seed(5)
     named = [("w", torch.nn.Parameter(_initial("normal", (300, 500), gen)))]
     opt = _build("sf-adamw", named, 1e-6, MonitorConfig(backend="none", logdir=tmp_path))
     w, group = named[0][1], opt.param_groups[0]
     for _ in range(3):
         w.grad = 1e-2 * torch.randn(w.shape, generator=gen)
-        cloned = isinstance(opt.monitor.view.before(group, w, opt.state[w]), Cloned)
+        summed = isinstance(opt.monitor.view.before(group, w, opt.state[w]), Summed)
         before, grads = truth.snapshot(named)
         opt.step()
-        truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
-    assert cloned  # the third step (w = 1/3)
+        truth.assert_figures_match(opt.monitor.latest, _truth(opt, named, before, grads))
+    assert summed  # the third step (w = 1/3)
     rebuilt = opt.monitor.view.update(group, w, opt.state[w], None)
     stored = (w.detach() - (w.detach() - rebuilt)).double()  # the capture's p_a - fl(p_a - d)
     true = w.detach().double() - before["w"].double()
     assert (stored - true).norm() > 5e-5 * (true - true.mean()).norm()
+
+
+@pytest.mark.parametrize("figures", ["verify", "all"])
+def test_schedule_free_replayed_sums_under_verify_and_families_that_read_each_update(figures, tmp_path):
+    """Verify mode checks the replayed sums' norm against its clone and finds no miss; the ``state``
+    and ``spectral`` families, which read each part's update, get a clone of it instead of the sums;
+    the figures equal the clone truth either way."""
+    cls = pytest.importorskip("schedulefree").SGDScheduleFree
+    gen = torch.Generator().manual_seed(11)
+    named = [("w", torch.nn.Parameter(_initial("normal", (64, 128), gen)))]
+    config = MonitorConfig(backend="none", logdir=tmp_path, verify=True) if figures == "verify" else \
+        MonitorConfig(backend="none", logdir=tmp_path, figures="all")
+    opt = Monitored(cls)(named, lr=1e-4, monitor=config)
+    opt.train()
+    for _ in range(4):
+        latest, before, grads = _logged_step(opt, named, gen)
+        if figures == "verify":
+            assert latest.pop("verify/max_rel_error") < 1e-6
+        core = ("update_norm/", "param_norm/", "grad_norm/", "update_to_data/", "grad_to_data/", "global/",
+                "health/no_grad", "health/unchanged", "health/nonfinite", "health/skipped_steps")
+        truth.assert_figures_match({k: v for k, v in latest.items() if k.startswith(core)},
+                                   _truth(opt, named, before, grads))
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c not in CLONED])
@@ -248,7 +287,7 @@ def test_first_step_is_rebuilt_without_a_clone(case, init, tmp_path):
         warnings.simplefilter("always")
         opt.step()
     assert all(re.search(HEALTH, str(w.message)) for w in caught), [str(w.message) for w in caught]
-    truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+    truth.assert_figures_match(opt.monitor.latest, _truth(opt, named, before, grads))
 
 
 @pytest.mark.parametrize("case", ["sf-adamw", "sf-sgd-wd", "sf-radam"])
@@ -270,15 +309,15 @@ def test_schedule_free_parameter_first_stepped_late_is_rebuilt(case, tmp_path):
             warnings.simplefilter("always")
             opt.step()
         assert all(re.search(HEALTH + "|no gradient", str(w.message)) for w in caught), [str(w.message) for w in caught]
-        truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+        truth.assert_figures_match(opt.monitor.latest, _truth(opt, named, before, grads))
 
 
 def test_schedule_free_check_decides_alike_in_blocks_and_whole(monkeypatch, tmp_path):
     """The check before the step replays it a block at a time and combines the blocks' sums: its
-    decision equals the one over the whole parameter at once, both ways (clone and rebuild), where
+    decision equals the one over the whole parameter at once, both ways (sums and rebuild), where
     the misses gather in one block."""
     pytest.importorskip("schedulefree")
-    from monitored_optim.updates import _shared
+    from monitored_optim.updates import Summed, _shared
 
     decided = {}
     for lr in (1e-6, 3e-6, 1e-5, 1e-3):
@@ -296,7 +335,7 @@ def test_schedule_free_check_decides_alike_in_blocks_and_whole(monkeypatch, tmp_
             for block in (1 << 30, 1000):  # one block; ten blocks, the last one short
                 monkeypatch.setattr(_shared, "CHECK_BLOCK", block)
                 decided.setdefault((lr, step), set()).add(
-                    view._rebuilt_within_miss(group, w, opt.state[w], ratio, lr_now, fresh))
+                    not isinstance(view.replayed(group, w, opt.state[w], ratio, lr_now, fresh), Summed))
             opt.step()
     assert all(len(d) == 1 for d in decided.values()), decided
     assert {d.pop() for d in decided.values()} == {True, False}
@@ -335,3 +374,54 @@ def test_bitsandbytes_args_changed_after_construction_take_a_clone_on_the_first_
     setattr(opt.args, attr, value)
     setattr(plain.args, attr, value)
     _step_beside_plain(opt, plain, named, plain_named, gen, steps=1, cloned=True)
+
+
+SF_RATES = [("SGDScheduleFree", lr, kwargs) for lr in (1.0, 1e-1, 1e-2, 1e-3)
+            for kwargs in ({}, dict(weight_decay=1e-2, warmup_steps=3))] + \
+           [("RAdamScheduleFree", lr, kwargs) for lr in (1e-3, 1e-4) for kwargs in ({}, dict(weight_decay=1e-2))] + \
+           [("SGDScheduleFree", 1e-7, {}), ("RAdamScheduleFree", 1e-7, {})]
+"""Schedule-free SGD and RAdam at the learning rates people use (SGD 1.0 down to 1e-3, RAdam 1e-3 and
+1e-4; a warmup's 1e-7), with and without weight decay and warmup."""
+
+
+@pytest.mark.parametrize("name,lr,kwargs", SF_RATES, ids=[f"{n[:5]}-{lr:g}{'-wd' if k else ''}" for n, lr, k in SF_RATES])
+def test_schedule_free_sgd_and_radam_take_no_copy_of_a_matrix(name, lr, kwargs, tmp_path):
+    """Over 8 steps (RAdam's silent first 4 and its first rectified step included), ``before`` takes
+    no clone of the N(0, 0.02) matrix (nor of the vectors), though its lerp towards z loses p_b's last bit on a share of
+    the elements; the figures of the matrix, a LayerNorm weight at 1.0 and a bias at 0 equal the
+    clone truth, and the trajectory is the plain optimizer's bit for bit."""
+    cls = getattr(pytest.importorskip("schedulefree"), name)
+    gen = torch.Generator().manual_seed(9)
+    shapes = {"w": ("normal", (64, 128)), "ln": ("ones", (128,)), "b": ("zeros", (128,))}
+    named = [(n, torch.nn.Parameter(_initial(kind, s, gen))) for n, (kind, s) in shapes.items()]
+    plain_named = [(n, torch.nn.Parameter(p.detach().clone())) for n, p in named]
+    opt = Monitored(cls)(named, lr=lr, **kwargs, monitor=MonitorConfig(backend="none", logdir=tmp_path))
+    plain = cls(plain_named, lr=lr, **kwargs)
+    opt.train(), plain.train()
+    _step_beside_plain(opt, plain, named, plain_named, gen, steps=8, cloned=False)
+    assert_state_dicts_equal(opt.state_dict(), plain.state_dict())
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+def test_schedule_free_figures_from_the_replay_are_the_steps_to_the_last_bit(foreach, tmp_path):
+    """Where the rebuild would miss (schedule-free SGD at lr 1e-4 from its third step on, w = 1/3),
+    ``before`` keeps the sums of the step replayed (``Summed``): the same arithmetic as the step's own
+    (foreach or not), so the update's norm equals the clone truth's to float64 rounding, not only to
+    1e-4."""
+    from monitored_optim.updates import Summed
+
+    cls = pytest.importorskip("schedulefree").SGDScheduleFree
+    gen = torch.Generator().manual_seed(10)
+    named = [("w", torch.nn.Parameter(_initial("normal", (300, 500), gen)))]
+    opt = Monitored(cls)(named, lr=1e-4, foreach=foreach, monitor=MonitorConfig(backend="none", logdir=tmp_path))
+    opt.train()
+    w = named[0][1]
+    for step in range(4):
+        w.grad = 1e-2 * torch.randn(w.shape, generator=gen)
+        summed = isinstance(opt.monitor.view.before(opt.param_groups[0], w, opt.state[w]), Summed)
+        before, grads = truth.snapshot(named)
+        opt.step()
+        want = _truth(opt, named, before, grads)["update_norm/w"]
+        assert summed == (step >= 2), step  # the rebuild serves w = 1 and w = 1/2 (z_b = y_b)
+        if summed:
+            assert abs(opt.monitor.latest["update_norm/w"] - want) <= 1e-12 * want, step

@@ -163,7 +163,7 @@ class Capture:
                 p = item.p
                 if not (p.is_floating_point() or p.is_complex()):
                     continue  # integer tensors (frozen quantized weights) are never stepped
-                reason = snapshot_reason(p, id(p) in plan.shared, item.name in self.risk)
+                reason = snapshot_reason(p, id(p) in plan.shared, self.risky(item.name))
                 taken = route(item, way, reason, item.form == WHOLE and dense_grad(p))
                 if taken == FUSED_COPY:  # the snapshot rule's copy, taken compiled
                     made = [Entry(item.name, group, p, None, fused=True)]
@@ -205,6 +205,11 @@ class Capture:
             for name, made in done.items():
                 for key, value in made.items():
                     self.eager.add_piece(by_name[name], key, value)
+
+    def risky(self, name: str) -> bool:
+        """Whether the snapshot rule's rounding risk copies parameter ``name`` (never where the view
+        measures its stored change itself, :attr:`~monitored_optim.updates.View.checks_store`)."""
+        return name in self.risk and not self.view.checks_store
 
     def roster(self, entries: Entries, shape: Any = None) -> Roster:
         """This logging step's :class:`~monitored_optim.capture.plan.Roster`: the last one where its plan

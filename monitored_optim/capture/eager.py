@@ -15,7 +15,8 @@ import torch
 from torch import Tensor
 
 from .. import pieces, stats
-from ..updates import Cloned, Rows, View, rebuild
+from ..families.base import Family
+from ..updates import Cloned, Rows, Summed, View, rebuild
 from ..updates.clone import fetched
 from .plan import Entry
 from .rules import HALF_ULP, LOW_PRECISION, at_powers_of_two, at_powers_of_two_bound
@@ -37,6 +38,7 @@ class Eager:
                  centring: stats.CentringMemory) -> None:
         self.view, self.verify, self.families = view, verify, families
         self.reductions, self.centring = reductions, centring
+        self.reads_u = any(type(fam).part is not Family.part for fam in families)  # a family sees each u
         self.shared: set[int] = set()  # ids of this step's parameters whose storage is shared
 
     def entry(self, name: str, group: dict[str, Any], part: Part, reason: str | None, lead: Entry | None,
@@ -50,12 +52,14 @@ class Eager:
         if reason == "clone" or (reason is not None and not (self.verify or part.p.dtype in LOW_PRECISION)):
             return Entry(name, group, part.p, Cloned.of(part.p), part, lead)
         e = Entry(name, group, part.p, self.view.before(group, part.p, part.state), part, lead)
+        if isinstance(e.snapshot, Summed) and self.reads_u:  # the sums alone do not serve a family's part hook
+            e.snapshot = Cloned.of(part.p)
         e.fused = fuse and (e.snapshot is None or isinstance(e.snapshot, Cloned))
         if e.fused:  # its bounds come from the fused route
             return e
         if reason is not None and not isinstance(e.snapshot, Cloned):
             e.copy = part.p.detach().clone()
-        if e.before is None:
+        if e.before is None and not isinstance(e.snapshot, Summed):  # the inversion's bounds
             e.extremes = bounds(part.p)
             exact = at_powers_of_two_bound(part.p, e.extremes, work)
             if exact is not None:
@@ -83,6 +87,11 @@ class Eager:
         jobs = []
         for i, e in enumerate(chunk):
             result = rebuilt.get(i)
+            if isinstance(result, Summed) and e.before is None:  # the replayed change's sums are its figures
+                self._summed(e, result, batch)
+                e.clone = None
+                continue
+            result = None if isinstance(result, Summed) else result  # a copy of p_before was taken: u from it
             if isinstance(result, Rows):  # one slice at a time, each reduced before the next is built
                 for span, piece in result.slices():
                     u = self._stored(e, piece, span)
@@ -95,6 +104,17 @@ class Eager:
             e.clone = None
         centre = self.centred([e for e, _ in jobs], "u")
         record(batch, [e for e, _ in jobs], "u", [u for _, u in jobs], centre, scratch=True)
+
+    def _summed(self, e: Entry, result: Summed, batch: stats.Batch) -> None:
+        """Add a part's :class:`~monitored_optim.updates.clone.Summed` to its ``"u"`` slot; in verify
+        mode, add the miss of the norm it gives against the clone's as the ``verify`` piece."""
+        batch.put(result.row.reshape(1, 3), [result.n], [e.owner.slots["u"]])
+        e.owner.centred["u"] = True
+        if e.clone is not None:
+            c, r, q = result.row.unbind()
+            norm = (q.square() + 2 * c * r + result.n * c.square()).clamp(min=0).sqrt()
+            truth = torch.linalg.vector_norm(Cloned(e.clone).update(e.p).double())
+            self.add_piece(e.owner, "verify", torch.stack([(norm - truth).abs(), truth]))
 
     def _stored(self, e: Entry, result: Any, span: slice | None = None,
                 state: dict[str, Any] | None = None, work: Workspace | None = None) -> Tensor | None:

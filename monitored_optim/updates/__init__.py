@@ -11,7 +11,8 @@ A view is a :class:`View` (``view.py``): small methods of ``(group, p, state)`` 
   :class:`~monitored_optim.updates.clone.Stores` ``(adds, s)`` when the step stores p several
   times (s·p under decoupled weight decay, then each d of ``adds``), a
   :class:`~monitored_optim.updates.clone.Rows` whose slices the capture asks for one at a time (a
-  large parameter whose view is not element-wise), or ``None``
+  large parameter whose view is not element-wise), the :class:`~monitored_optim.updates.clone.Summed`
+  its ``before`` kept (the sums of the step replayed, where u cannot be rebuilt), or ``None``
   when the step left ``p`` exactly unchanged (torch optimizers skip parameters whose grad is ``None``).
 * ``update_many(group, params, states, snapshots) -> list``: ``update`` of several parameters of one
   group and device at once (default: one by one; ``torch._foreach_*`` ops where a view batches them).
@@ -38,7 +39,7 @@ from .adagrad import AdagradView
 from .adam import AdamView
 from .adamax import AdamaxView
 from .asgd import AsgdView
-from .clone import CLONE, Cloned, CloneView, Rows, Scaled, Stores
+from .clone import CLONE, Cloned, CloneView, Rows, Scaled, Stores, Summed
 from .muon import MuonView
 from .nadam import NAdamView
 from .radam import RAdamView
@@ -136,5 +137,5 @@ def elementwise(view: View) -> bool:
     return view.elementwise
 
 
-__all__ = ["CLONE", "Cloned", "CloneView", "Rows", "Scaled", "Stores", "View", "elementwise", "raw_step",
+__all__ = ["CLONE", "Cloned", "CloneView", "Rows", "Scaled", "Stores", "Summed", "View", "elementwise", "raw_step",
            "rebuild", "register", "view_for"]

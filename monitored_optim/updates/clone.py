@@ -88,6 +88,21 @@ class Rows:
     slices: Callable[[], Iterator[tuple[slice, Any]]]
 
 
+@dataclass(frozen=True)
+class Summed:
+    """An update known by the sums of its stored change alone, taken before the step by replaying
+    it (a view whose rebuild cannot recover p_before: schedule-free's lerp towards z).
+
+    ``row`` is float64 of shape (3,) on p's device, ``(c, Σ(u - c), sqrt(Σ(u - c)²))`` for a shift c
+    (the form of :meth:`monitored_optim.stats.Batch.put`), over the ``n`` elements of the part. The
+    capture adds it to the part's sums instead of reducing a tensor; where it needs u element by
+    element (a family's ``part`` hook) the view's snapshot is a clone instead.
+    """
+
+    row: Tensor
+    n: int
+
+
 class CloneView(View):
     """u = p_after - p_before from a clone taken on logging steps only. Used for optimizers without
     a state-aware view (LBFGS moves p several times per step, third-party optimizers, user

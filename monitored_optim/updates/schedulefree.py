@@ -14,15 +14,18 @@ Rebuild after the step, from y_a, z_a, ``p.grad`` = ĝ and the group's post-step
 y_b = (y_l - w·z_b)/(1-w) in float64, and u = y_a - y_b in p's dtype.
 
 On a parameter's first step z is created as a copy of y (z_b = y_b, so the lerp leaves y as it was):
-y_b = z_b = z_a + γ·ĝ, whatever w is. The view's snapshot says so (:data:`FRESH`).
+y_b = z_b = z_a + γ·ĝ, whatever w is. The same holds while the group's weight sum is 0 (every step so
+far had γ = 0, as in RAdam's silent first steps: z never moved): the view's snapshot says so (:data:`FRESH`).
 
-The lerp contracts y by 1-w, so p_b is not always recoverable to the last bit: about a fraction w of
-the elements come back one spacing off (and z_b itself may, from z_a). ``before`` therefore replays
-the step on the part (the optimizer's own operations, a block of the part at a time) and the
-rebuild on that replay, and takes a clone of the part unless the rebuilt stored change misses the
-replayed one by at most ``MISS`` of its spread (‖miss‖ ≤ MISS·‖u - mean(u)‖), a bound on every
-figure. That check reads one number on the host: done for CPU parameters; elsewhere, for w > 1/2
-past a parameter's first step and for complex parameters, the view takes the clone.
+The lerp contracts y by 1-w in y's own precision, so p_b is not recoverable from the state after the
+step: about a fraction w of the elements come back one spacing off, which weighs where the update is a
+few spacings of y (SGD's raw gradient steps; RAdam's). ``before`` therefore replays the step on the
+part (the optimizer's own operations, a block of the part at a time), which gives the stored change
+itself, and keeps the rebuild only where it misses that change by at most ``MISS`` of its spread
+(‖miss‖ ≤ MISS·‖u - mean(u)‖, a bound on every figure; one number read on the host). Elsewhere
+(and for w > 1/2 past a parameter's first step, where the rebuild is not tried) the snapshot is the
+replayed change's sums, :class:`~monitored_optim.updates.clone.Summed`: three numbers, no copy.
+Off the CPU, and for complex parameters, the view takes a clone.
 Source: schedulefree 1.4.1, ``adamw_schedulefree.py``, ``sgd_schedulefree.py``,
 ``radam_schedulefree.py`` (``step``, single-tensor and foreach paths alike).
 """
@@ -34,9 +37,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import stats
 from ._shared import blocks
-from .clone import Cloned
+from .clone import Cloned, Summed
 from .view import View
 
 FRESH = "z_b = y_b"
@@ -52,6 +54,7 @@ class ScheduleFreeView(View):
     its momentum and its normalized gradient."""
 
     elementwise = True
+    checks_store = True
 
     def lr(self, group: dict[str, Any]) -> float:
         """γ of the coming step (warmup: γ·(k+1)/warmup_steps while k < warmup_steps)."""
@@ -70,40 +73,57 @@ class ScheduleFreeView(View):
         """False: the step divides ``p.grad`` in place (and adds the decay into it)."""
         return False
 
-    def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | str | None:
+    def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | Summed | str | None:
         if p.grad is None:
             return None
-        fresh = "z" not in state
         if p.device.type != "cpu" or p.is_complex():
             return Cloned.of(p)
         lr = self.lr(group)
         lr_max = max(lr, group["lr_max"])
         weight = _weight(group, group["k"], lr_max)
         w = _ratio(weight, group["weight_sum"] + weight)
-        if w > 0.5 and not fresh:
-            return Cloned.of(p)
-        if not self._rebuilt_within_miss(group, p, state, w, lr, fresh):
-            return Cloned.of(p)
-        return FRESH if fresh else None
+        fresh = "z" not in state or group["weight_sum"] == 0
+        if w == 0 and lr == 0:  # y ← y + 0·(z - y) + 0·ĝ: the rebuild gives y_b = y_a, exactly
+            return FRESH if fresh else None
+        return self.replayed(group, p, state, w, lr, fresh, rebuild=fresh or w <= 0.5)
 
-    def _rebuilt_within_miss(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], w: float, lr: float,
-                             fresh: bool) -> bool:
-        """Whether the rebuild misses the stored change by at most :data:`MISS` of its spread, on a
-        replay of the step a block at a time (``blocks``); one host read."""
+    def replayed(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], w: float, lr: float, fresh: bool,
+                 rebuild: bool = True) -> Summed | str | None:
+        """The snapshot of ``p`` from a replay of the step, a block at a time (``blocks``).
+
+        Returns:
+            :data:`FRESH` or None where ``rebuild`` and the rebuild misses the replayed stored change
+            by at most :data:`MISS` of its spread (one host read), else the change's
+            :class:`~monitored_optim.updates.clone.Summed` (float64 sums in the step's own arithmetic).
+        """
         alpha = lr * (self.beta(group) * (1 - w) - 1)
-        spread = stats.Batch()
-        slot, miss = spread.slot(), p.new_zeros((), dtype=torch.float64)
-        for y, z, g, v in blocks(p.detach(), None if fresh else state["z"], p.grad, state.get("exp_avg_sq")):
-            z = y if z is None else z
+        sums = p.new_zeros(4, dtype=torch.float64)  # (c, Σ(u - c), Σ(u - c)², ‖miss‖²)
+        for i, (y, z, g, v) in enumerate(blocks(p.detach(), state.get("z"), p.grad, state.get("exp_avg_sq"))):
+            m, z = y.numel(), y if z is None else z
+            if i == 0:  # buffers of the first (largest) block, reused block after block: no heap churn
+                y_a, z_a, narrow = (y.new_empty(m) for _ in range(3))
+                u, wide = (y.new_empty(m, dtype=torch.float64) for _ in range(2))
             g = self.normalized(group, y, g, v)
-            y_a = y.lerp(z, w).add_(g, alpha=alpha)
-            d = _rebuilt(y_a, z.sub(g, alpha=lr), g, w, lr, alpha, fresh)
-            miss += (y_a - d).double().sub_(y.double()).square().sum()
-            spread.add([y_a.double().sub_(y.double())], [True], scratch=True, into=[slot])
-        moments = spread.finish()[slot]  # None for an empty parameter: nothing to miss
-        return moments is None or bool(miss.sqrt() <= MISS * moments[1].sqrt())
+            ya = torch.lerp(y, z, w, out=y_a[:m]).add_(g, alpha=alpha)
+            du = u[:m].copy_(ya).sub_(y)  # the stored change, exact in float64
+            if i == 0:
+                sums[0] = du.mean()
+            sums[1] += du.sub_(sums[0]).sum()
+            sums[2] += du.square_().sum()
+            if rebuild:
+                d = _rebuilt(ya, torch.sub(z, g, alpha=lr, out=z_a[:m]), g, w, lr, alpha, fresh,
+                             narrow[:m], (u[:m], wide[:m]))
+                sums[3] += wide[:m].copy_(ya.sub_(d)).sub_(y).square_().sum()  # fl(y_a - d) - y_b
+        n = p.numel()
+        if n == 0:
+            return FRESH if fresh else None
+        if rebuild and bool(sums[3].sqrt() <= MISS * (sums[2] - sums[1].square() / n).clamp(min=0).sqrt()):
+            return FRESH if fresh else None
+        return Summed(torch.stack([sums[0], sums[1], sums[2].sqrt()]), n)
 
-    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:
+    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | Summed | None:
+        if isinstance(snapshot, Summed):
+            return snapshot
         if p.grad is None or "z" not in state:
             return None
         lr, k = group["scheduled_lr"], group["k"] - 1
@@ -135,6 +155,11 @@ class RAdamScheduleFreeView(ScheduleFreeView):
 
     def lr(self, group: dict[str, Any]) -> float:
         return group["lr"] * _rectification(group, group["k"] + 1)[0]
+
+    def held(self, group: dict[str, Any]) -> bool:
+        """True after a step of the silent phase (ρ_t <= 4 with ``silent_sgd_phase``: γ = lr·0) of a
+        group whose lr is not 0 (a zero lr is the user's, and health tells of it)."""
+        return group["k"] > 0 and bool(group["lr"] != 0) and _rectification(group, group["k"])[0] == 0
 
     def normalized(self, group: dict[str, Any], y: Tensor, g: Tensor, v: Tensor | None) -> Tensor:
         step = group["k"] + 1
@@ -178,9 +203,17 @@ def _rectification(group: dict[str, Any], step: int) -> tuple[float, bool]:
     return float(not group["silent_sgd_phase"]), False
 
 
-def _rebuilt(y_a: Tensor, z_a: Tensor, g: Tensor, w: float, lr: float, alpha: float, fresh: bool) -> Tensor:
+def _rebuilt(y_a: Tensor, z_a: Tensor, g: Tensor, w: float, lr: float, alpha: float, fresh: bool,
+             narrow: Tensor | None = None, wide: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """u = y_a - y_b from y_a, z_a and ĝ (module docstring): z_b and y_l in y's dtype, as the step's
-    stores were, y_b in float64 (y_b = z_b where ``fresh``); a new tensor of y's dtype."""
-    z_b = torch.add(z_a, g, alpha=lr).double()
-    y_b = z_b if fresh else torch.sub(y_a, g, alpha=alpha).double().sub_(z_b.mul_(w)).div_(1 - w)
-    return torch.sub(y_a.double(), y_b, out=y_b).to(y_a.dtype)
+    stores were, y_b in float64 (y_b = z_b where ``fresh``); a tensor of y's dtype: ``narrow`` (a
+    buffer of y's size and dtype), its temporaries in ``wide`` (two float64 buffers), or new ones."""
+    z_b = torch.add(z_a, g, alpha=lr, out=narrow)
+    z_b = z_b.double() if wide is None else wide[0].copy_(z_b)
+    if not fresh:
+        y_l = torch.sub(y_a, g, alpha=alpha, out=narrow)
+        y_b = (y_l.double() if wide is None else wide[1].copy_(y_l)).sub_(z_b.mul_(w)).div_(1 - w)
+    else:
+        y_b = z_b
+    u = torch.sub(y_a, y_b, out=y_b)  # in float64: y_a is widened exactly
+    return u.to(y_a.dtype) if narrow is None else narrow.copy_(u)

@@ -32,6 +32,10 @@ class View(abc.ABC):
     """
 
     elementwise: bool = False
+    checks_store: bool = False
+    """Whether :meth:`before` replays the step and measures the stored change its rebuild gives, so that
+    the snapshot rule's rounding risk (:mod:`monitored_optim.capture.rules`) is its own to judge.
+    Default False."""
 
     def bound(self, optimizer: Any) -> View:
         """The view for ``optimizer``, asked once when the monitor binds to it: a view whose arithmetic
@@ -72,6 +76,12 @@ class View(abc.ABC):
         sums may be taken after it (decided before the step). Default: True."""
         return True
 
+    def held(self, group: dict[str, Any]) -> bool:
+        """Whether the step just taken left every parameter of ``group`` unchanged by the optimizer's
+        own design (a silent warm-up phase), read after the step: health then counts none of them as
+        unchanged nor any update as lost. Default: False."""
+        return False
+
     def fusable(self, group: dict[str, Any]) -> bool:
         """Whether :meth:`fused` serves ``group`` (decided before the step). Default: False."""
         return False
@@ -85,7 +95,7 @@ class View(abc.ABC):
         return None
 
 
-OPTIONAL = ("elementwise", "bound", "update_many", "keeps_grad", "fusable", "fused")
+OPTIONAL = ("elementwise", "checks_store", "bound", "update_many", "keeps_grad", "held", "fusable", "fused")
 """The capabilities a registered view without the :class:`View` base may leave out (:func:`adopt`)."""
 
 
