@@ -47,7 +47,8 @@ class Figures:
         self._tag_list: list[str] = []
 
     def compute(self, step: int, roster: Roster, hosted: stats.Hosted, optimizer: torch.optim.Optimizer,
-                lrs: list[float | None], groups: list[dict[str, Any]]) -> dict[str, float]:
+                lrs: list[float | None], groups: list[dict[str, Any]],
+                group_lrs: list[float | None] | None = None) -> dict[str, float]:
         """Every figure of the logging step ``step``.
 
         Args:
@@ -57,6 +58,8 @@ class Figures:
                 (None where it has none, :func:`group_lrs`).
             groups: the param groups the parameters' entries belong to, in ``lrs``' order (under
                 ``torch.distributed``, the local view's).
+            group_lrs: each of ``groups``' learning rate, where they are not the optimizer's own
+                groups one for one (DeepSpeed's sub-groups); None: ``lrs``.
         """
         table = hosted.table
         still = {id(group) for group in groups if self.held(group)}
@@ -68,7 +71,7 @@ class Figures:
         if "health" in self.settings.figures:  # its counts and warnings need the grads it reduces
             rest.update(self.health.figures(_health_checks(roster.names, table, held), step))
         if self.families:
-            group_lr = {id(group): lr for group, lr in zip(groups, lrs)}
+            group_lr = {id(group): lr for group, lr in zip(groups, lrs if group_lrs is None else group_lrs)}
             seen = families.Step(step, roster.names, table, hosted.pieces, list(map(group_lr.get, roster.groups)),
                                  roster.shapes)
             for fam in self.families:

@@ -422,7 +422,9 @@ class Monitor:
         lrs = group_lrs(optimizer, dict(zip(lr_values, read_lrs)))
         groups = (optimizer if sharding is None else sharding.local).param_groups
         everyone = roster.joined(remote)
-        figures = self._figures.compute(self.step, everyone, hosted, optimizer, lrs, groups)
+        local = [float(g["lr"]) if isinstance(g.get("lr"), (int, float)) else None for g in groups] \
+            if self._engine else None  # DeepSpeed's flat buffers: a group each, sub-groups at stage 3
+        figures = self._figures.compute(self.step, everyone, hosted, optimizer, lrs, groups, local)
         self.capture.remember(roster, hosted.head(len(roster.names)) if remote else hosted)
         self._deliver(figures, everyone)
         for model in (ref() for ref in self._watched):

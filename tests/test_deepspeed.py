@@ -101,10 +101,13 @@ def _train(rank, world, outdir, stage, precision, count, monitored):
     extra = {"monitor": MonitorConfig(backend="jsonl", every=EVERY, logdir=os.path.join(outdir, "logs"))} \
         if monitored else {}
     opt = cls(groups(net, count), **OPT, **extra)
+    zero = {"stage": stage, **({"sub_group_size": 600} if precision == "fp32, sub-groups" else {})}
     config = {"train_micro_batch_size_per_gpu": BATCH // world, "gradient_clipping": 0,
-              "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True,
+              "zero_optimization": zero, "zero_allow_untested_optimizer": True,
               "bf16": {"enabled": precision == "bf16"}}
     engine, wrapper, _, _ = deepspeed.initialize(model=net, optimizer=opt, config=config)
+    if precision == "fp32, sub-groups":
+        assert len(wrapper.fp16_groups) > 2  # more sub-groups than param groups
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     rows, counts = {}, []
     for step in range(1, STEPS + 1):
@@ -127,7 +130,7 @@ def _train(rank, world, outdir, stage, precision, count, monitored):
 
 def _stage(rank, world, outdir, stage):
     out = {}
-    for precision, count in CASES:
+    for precision, count in CASES + ([("fp32, sub-groups", 2)] if stage == 3 else []):  # 600-element sub-groups
         for monitored in (True, False):
             sub = os.path.join(outdir, f"{precision}-{count}-{monitored}")
             os.makedirs(sub, exist_ok=True)
