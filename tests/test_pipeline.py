@@ -59,8 +59,15 @@ def full(p: torch.Tensor) -> torch.Tensor:
 
 
 def _run(rank, world, outdir, dp: str | None):
+    """The monitored run (:func:`_train`) and the same run on the plain optimizer."""
+    out = _train(rank, dp, monitored=True)
+    out["plain"] = _train(rank, dp, monitored=False)["final"]
+    return out
+
+
+def _train(rank, dp: str | None, monitored: bool):
     """Train STEPS steps; return this rank's latest figures at logging steps, the clone truth of its
-    own parameters and the collectives inside ``opt.step()``."""
+    own parameters, the collectives inside ``opt.step()`` and its parameters at the end."""
     if dp is None:
         pp_group, stage_index, replica, replicas = dist.group.WORLD, rank, 0, 1
     else:
@@ -73,8 +80,9 @@ def _run(rank, world, outdir, dp: str | None):
     stage = PipelineStage(module, stage_index, 2, torch.device("cpu"), group=pp_group)
     schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, y: (out - y).square().mean())
     named = list(module.named_parameters())
-    opt = Monitored(torch.optim.AdamW)(named, lr=1e-2, weight_decay=0.1,
-                                       monitor=MonitorConfig(backend="none", every=EVERY))
+    extra = {"monitor": MonitorConfig(backend="none", every=EVERY)} if monitored else {}
+    opt = (Monitored(torch.optim.AdamW) if monitored else torch.optim.AdamW)(named, lr=1e-2, weight_decay=0.1,
+                                                                             **extra)
     latest, truth, counts = {}, {}, []
     for step in range(1, STEPS + 1):
         g = torch.Generator().manual_seed(step)
@@ -95,10 +103,10 @@ def _run(rank, world, outdir, dp: str | None):
         with CountCollectives() as c:
             opt.step()
         counts.append(c.ops)
-        if step % EVERY == 0:
+        if step % EVERY == 0 and monitored:
             latest[step] = dict(opt.monitor.latest)
             truth[step] = {n: (before[n], grads[n], full(p)) for n, p in named}
-    return {"latest": latest, "truth": truth, "counts": counts}
+    return {"latest": latest, "truth": truth, "counts": counts, "final": {n: full(p) for n, p in named}}
 
 
 def figures(truth: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> dict[str, float]:
@@ -135,6 +143,7 @@ def test_every_rank_gets_every_stage_figures_equal_to_the_clone_truth(dp, world,
                 else:
                     assert abs(got[tag] - value) <= NORM_RTOL * abs(value), (rank, step, tag, got[tag], value)
     for rank, res in enumerate(results):
+        assert all(torch.equal(res["final"][n], value) for n, value in res["plain"].items()), rank  # bit for bit
         for step, ops in enumerate(res["counts"], start=1):
             if step % EVERY == 0:
                 assert ops == (EXCHANGE if step == EVERY else []) + ["c10d.allreduce_.default"], (rank, step, ops)
