@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import functools
 import gc
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -113,6 +114,7 @@ class Monitor:
         self._calls = 0  # base steps called during the DeepSpeed wrapper's step
         self._last_flat: int | None = None  # id of the flat buffer that ends the step found inside
         self._born: dict[int, str] = {}  # id -> name of the parameters the optimizer was built with
+        self._looked: set[int] = set()  # ids of tensors that led a param group when no DeepSpeed was found
         self._usage = _Usage(optimizer_cls.__name__)
         weakref.finalize(self, _UNSTEPPED.append, self._usage)  # told at exit if it was never stepped
         self._watched: list[weakref.ref[torch.nn.Module]] = []
@@ -160,6 +162,7 @@ class Monitor:
         """Bind to the optimizer once it is built: bind the view to it, watch ``config.model``, warn
         about unnamed parameters, find matrices the snapshot rule takes from the first logging step."""
         self._optimizer = weakref.ref(optimizer)
+        self._usage.built = True
         bound = self.view.bound(optimizer)
         try:
             self.view = adopt(bound)
@@ -287,7 +290,7 @@ class Monitor:
 
         Returns what the base step returns (the closure's loss, if any).
         """
-        if self._engine is None:
+        if self._engine is None or self._engine is False and self._replaced(optimizer):
             self._usage.stepped = True
             _USAGE.stepped = True
             self._find_engine(optimizer)
@@ -311,13 +314,21 @@ class Monitor:
         self._finish(optimizer, pending)
         return out
 
+    def _replaced(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether a param group now leads with a tensor the optimizer was not built with and not yet
+        looked into (DeepSpeed puts its flat buffers there after a first step taken without it)."""
+        return any(group["params"] and id(group["params"][0]) not in self._born
+                   and id(group["params"][0]) not in self._looked for group in optimizer.param_groups)
+
     def _find_engine(self, optimizer: torch.optim.Optimizer) -> None:
-        """Decide at the first call whether a DeepSpeed wrapper calls this optimizer's step (its layout
-        in ``_engine``, else False), and make the wrapper's own ``step`` the step the monitor counts.
-        Found inside the wrapper's first step, that step ends with the base step of its last flat buffer."""
+        """Decide whether a DeepSpeed wrapper calls this optimizer's step (its layout in ``_engine``,
+        else False), at the first call and again where the param groups lead with new tensors; make the
+        wrapper's own ``step`` the step the monitor counts. Found inside the wrapper's step, that step
+        ends with the base step of its last flat buffer."""
         found = deepspeed.find(optimizer) if distributed.initialized() else None
         if found is None:
             self._engine = False
+            self._looked.update(id(group["params"][0]) for group in optimizer.param_groups if group["params"])
             return
         wrapper, inside = found
         deepspeed.engine_step(wrapper, self._engine_step)
@@ -417,15 +428,16 @@ class Monitor:
         sharding, entries = pending.sharding, pending.entries
         self.capture.finish(entries)
         roster = self.capture.roster(entries, None if sharding is None else sharding.shape)
-        lr_values = tensor_lrs(optimizer)
-        hosted, read_lrs, remote = self._hosted(entries, roster, pending.batch.finish(), sharding, lr_values)
-        lrs = group_lrs(optimizer, dict(zip(lr_values, read_lrs)))
+        source = self._engine.optimizer() if self._engine else optimizer  # all of DeepSpeed's groups
+        lr_values = tensor_lrs(source)
+        hosted, read_lrs, reduced = self._hosted(entries, roster, pending.batch.finish(), sharding, lr_values)
+        lrs = group_lrs(source, dict(zip(lr_values, read_lrs)))
         groups = (optimizer if sharding is None else sharding.local).param_groups
-        everyone = roster.joined(remote)
+        everyone = roster if reduced is None else roster.joined(reduced.remote, reduced.names)
         local = [float(g["lr"]) if isinstance(g.get("lr"), (int, float)) else None for g in groups] \
             if self._engine else None  # DeepSpeed's flat buffers: a group each, sub-groups at stage 3
-        figures = self._figures.compute(self.step, everyone, hosted, optimizer, lrs, groups, local)
-        self.capture.remember(roster, hosted.head(len(roster.names)) if remote else hosted)
+        figures = self._figures.compute(self.step, everyone, hosted, source, lrs, groups, local)
+        self.capture.remember(roster, hosted if everyone is roster else hosted.head(len(roster.names)))
         self._deliver(figures, everyone)
         for model in (ref() for ref in self._watched):
             if model is not None:
@@ -438,10 +450,11 @@ class Monitor:
         return [p for group in optimizer.param_groups for p in group["params"]]
 
     def _hosted(self, entries: Entries, roster: Roster, rows: stats.Moments, sharding: distributed.Sharding | None,
-                lr_values: dict[int, Tensor]) -> tuple[stats.Hosted, list[list[float]], list[distributed.Remote]]:
-        """Stage 5: the step's moments and pieces on the host, the Tensor lrs' values, and the
-        parameters that other ranks monitor (their rows after this rank's): one host copy per device,
-        or under ``torch.distributed`` one all_reduce (and one host copy for Tensor lrs)."""
+                lr_values: dict[int, Tensor]) -> tuple[stats.Hosted, list[list[float]], Any]:
+        """Stage 5: the step's moments and pieces on the host, the Tensor lrs' values, and under
+        ``torch.distributed`` the reduction's names (the parameters that other ranks monitor after this
+        rank's; None outside): one host copy per device, or one all_reduce (and one host copy for
+        Tensor lrs)."""
         leads = entries.leads
         if sharding is None:
             holding = [i for i in roster.captured if leads[i].pieces]  # a flat entry has none
@@ -450,17 +463,16 @@ class Monitor:
             pairs, present, extra = rows.host(index, held + list(lr_values.values()))
             counts = rows.sizes[index[:, 0]]  # p_before's rows cover each parameter once
             own, read = _host_pieces(leads, holding, extra[:len(held)]), extra[len(held):]
-            remote = []
+            reduced = None
         else:  # whole-parameter values and counts
             for e in leads:
                 e.pieces.update({kind: rows[slot] for kind, slot in e.slots.items() if rows[slot] is not None})
             reduced = sharding.reduce(leads, self._piece_keys, self._ranks)
-            counts, pairs, present, own, remote = (reduced.counts, reduced.pairs, reduced.present, reduced.pieces,
-                                                   reduced.remote)
+            counts, pairs, present, own = reduced.counts, reduced.pairs, reduced.present, reduced.pieces
             self._tell_left_out(sharding.left_out)
             read = stats.Moments({}, {}, 0, torch.zeros(0)).host(torch.zeros(0, dtype=torch.long),
                                                                list(lr_values.values()))[2]
-        return stats.Hosted(_moment_table(leads, roster.captured, counts, pairs, present), own), read, remote
+        return stats.Hosted(_moment_table(leads, roster.captured, counts, pairs, present), own), read, reduced
 
     def close(self) -> None:
         """Flush and close every backend and let go of the parameters the layout holds (idempotent; also
@@ -632,10 +644,10 @@ def _close_all() -> None:
 class _Usage:
     """Whether a monitor's optimizer was ever stepped (kept past the monitor, for the exit's notice)."""
 
-    __slots__ = ("label", "stepped", "told")
+    __slots__ = ("label", "built", "stepped", "told")
 
     def __init__(self, label: str) -> None:
-        self.label, self.stepped, self.told = label, False, False
+        self.label, self.built, self.stepped, self.told = label, False, False, False
 
 
 _USAGE = _Usage("any")
@@ -644,11 +656,16 @@ _UNSTEPPED: list[_Usage] = []
 """The usages of the monitors collected so far (told about at exit if never stepped)."""
 
 
+TRAINERS = ("transformers", "deepspeed", "lightning", "accelerate")
+"""Packages whose trainers may build an optimizer of their own in place of the one they were given."""
+
+
 def _tell_unstepped(usages: list[_Usage]) -> None:
     """Warn once that monitored optimizers were built but never stepped, where no monitored optimizer
-    of this process was (a trainer that built its own optimizer: nothing would be logged, silently)."""
-    idle = [u for u in usages if not (u.stepped or u.told)]
-    if not idle or _USAGE.stepped:
+    of this process was and a trainer is loaded (one that built its own optimizer: nothing would be
+    logged, silently)."""
+    idle = [u for u in usages if u.built and not (u.stepped or u.told)]
+    if not idle or _USAGE.stepped or not any(name in sys.modules for name in TRAINERS):
         return
     for u in idle:
         u.told = True

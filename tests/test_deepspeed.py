@@ -94,7 +94,7 @@ def truth(before: dict, after: dict, grads: dict) -> dict[str, float]:
     return out
 
 
-def _train(rank, world, outdir, stage, precision, count, monitored):
+def _train(rank, world, outdir, stage, precision, count, monitored, direct_first=False):
     os.environ["DS_ACCELERATOR"] = "cpu"
     net = model()
     cls = Monitored(torch.optim.AdamW) if monitored else torch.optim.AdamW
@@ -105,6 +105,8 @@ def _train(rank, world, outdir, stage, precision, count, monitored):
     config = {"train_micro_batch_size_per_gpu": BATCH // world, "gradient_clipping": 0,
               "zero_optimization": zero, "zero_allow_untested_optimizer": True,
               "bf16": {"enabled": precision == "bf16"}}
+    if direct_first:  # a step of the user's before DeepSpeed's wrapper ever calls one (no grads: no change)
+        opt.step()
     engine, wrapper, _, _ = deepspeed.initialize(model=net, optimizer=opt, config=config)
     if precision == "fp32, sub-groups":
         assert len(wrapper.fp16_groups) > 2  # more sub-groups than param groups
@@ -163,6 +165,7 @@ def test_deepspeed_zero_figures_equal_the_gathered_truth(stage, tmp_path):
                     assert abs(got[tag] - value) <= RATIO_TOL, (case, step, tag, got[tag], value)
                 else:
                     assert abs(got[tag] - value) <= NORM_RTOL * abs(value) + 1e-30, (case, step, tag, got[tag], value)
+            assert {f"lr/group{i}" for i in range(count)} <= set(got), (case, step)  # the first step's too
             per_param = {t.split("/", 1)[1] for t in got if t.startswith("param_norm/")}
             assert per_param == {t.split("/", 1)[1] for t in want if t.startswith("param_norm/")}, case
             assert got["health/nonfinite"] == 0, case
@@ -263,3 +266,16 @@ def test_digits_deepspeed_example_runs_under_torchrun(tmp_path):
     assert out.stdout.count("test accuracy") == 1 and "ZeRO stage 3 on 2 ranks, 46 optimizer steps" in out.stdout
     line = next(line for line in out.stdout.splitlines() if line.startswith("fc2.weight "))
     assert float(line.split()[1]) == round(rows[-1]["update_to_data/fc2.weight"], 2)
+
+
+def test_a_direct_step_before_deepspeed_wraps_the_optimizer(tmp_path):
+    """``opt.step()`` called once before ``deepspeed.initialize`` (no grads: nothing moves): DeepSpeed's
+    wrapper is still found at its first step, and counted and named as without that call."""
+    def run(rank, world, outdir):
+        return _train(rank, world, outdir, 2, "fp32", 2, True, direct_first=True)
+
+    res = launch(run, 2, tmp_path, deadline=DEADLINE)[0]
+    assert res["step"] == STEPS + 1  # the direct call is a step of the optimizer's, then the engine's 4
+    for step, (want, got) in res["rows"].items():
+        assert {t for t in got if t.startswith("param_norm/")} == {t for t in want if t.startswith("param_norm/")}
+        assert abs(got["global/update_norm"] - want["global/update_norm"]) <= NORM_RTOL * want["global/update_norm"]

@@ -222,7 +222,7 @@ def test_name_clashes_with_monitor_are_explained():
             self.monitor = "mine"
 
     with pytest.raises(AttributeError, match="sets its own 'monitor' attribute"):
-        Monitored(SetsMonitor)(nn.Linear(2, 2).named_parameters())
+        Monitored(SetsMonitor)(nn.Linear(2, 2).named_parameters(), monitor=MonitorConfig(backend="none"))
 
 
 @pytest.mark.parametrize("kwargs", [dict(), dict(foreach=False), dict(fused=True), dict(lr=torch.tensor(0.0))],

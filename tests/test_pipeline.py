@@ -149,3 +149,36 @@ def test_every_rank_gets_every_stage_figures_equal_to_the_clone_truth(dp, world,
                 assert ops == (EXCHANGE if step == EVERY else []) + ["c10d.allreduce_.default"], (rank, step, ops)
             else:
                 assert ops == [], (rank, step, ops)
+
+
+def _own_names(rank, world, outdir):
+    """Stages built each as a model of its own: both ranks monitor a ``0.weight`` and a ``0.bias``,
+    of different shapes."""
+    import warnings
+
+    torch.manual_seed(rank)
+    stage = nn.Sequential(nn.Linear(8, 16)) if rank == 0 else nn.Sequential(nn.Linear(16, 4))
+    named = list(stage.named_parameters())
+    opt = Monitored(torch.optim.AdamW)(named, lr=1e-2, monitor=MonitorConfig(backend="none", every=1))
+    for _, p in named:
+        p.grad = 0.1 * torch.randn_like(p)
+    before = {n: full(p) for n, p in named}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        opt.step()
+    return {"latest": dict(opt.monitor.latest), "truth": {n: (before[n], full(p.grad), full(p)) for n, p in named},
+            "warnings": [str(w.message) for w in seen if "monitored_optim" in str(w.message)]}
+
+
+def test_stages_with_a_name_in_common_are_kept_apart(tmp_path):
+    results = launch(_own_names, 2, tmp_path)
+    want = {**figures(results[0]["truth"]),
+            **{tag.replace(name, f"{name}@rank1"): v for name in ("0.weight", "0.bias")
+               for tag, v in figures({name: results[1]["truth"][name]}).items() if not tag.startswith("global/")}}
+    got = results[0]["latest"]
+    assert results[1]["latest"] == got
+    for tag in [t for t in want if not t.startswith("global/")]:
+        assert abs(got[tag] - want[tag]) <= (RATIO_TOL if "_to_data/" in tag else NORM_RTOL * abs(want[tag])), tag
+    assert len(results[0]["warnings"]) == 1 and "'0.weight', '0.weight@rank1' ([16, 8], [4, 16])" in \
+        results[0]["warnings"][0], results[0]["warnings"]
+    assert results[1]["warnings"] == []

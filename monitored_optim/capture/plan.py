@@ -20,6 +20,7 @@ route              p_before and u
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -304,10 +305,13 @@ class Roster:
                    [i for i, e in enumerate(leads) if e.flat is None])
 
 
-    def joined(self, remote: list[Any]) -> Roster:
+    def joined(self, remote: list[Any], names: list[str] | None = None) -> Roster:
         """This roster with the parameters that other ranks monitor after its own (a pipeline's other
         stages: their figures, not their capture), each with a ``name``, ``shape`` and ``dtype`` (its
-        name in ``torch``, as ``"torch.bfloat16"``); no param group of this rank's is theirs."""
+        name in ``torch``, as ``"torch.bfloat16"``); no param group of this rank's is theirs.
+        ``names``: every parameter's name, where the ranks renamed some (kept apart)."""
+        if names is not None and names[:len(self.names)] != self.names:
+            return dataclasses.replace(self, names=names[:len(self.names)]).joined(remote)
         if not remote:
             return self
         dtypes = [getattr(torch, r.dtype.removeprefix("torch.")) for r in remote]

@@ -178,6 +178,11 @@ class Sharding:
         source = h.source if h.source is not None else h.param
         return getattr(source, "ds_shape", None) or source.shape
 
+    def _whole(self, local: Tensor) -> bool:
+        """Whether :meth:`shape` is the whole parameter's (an FSDP1 shard's shape is its own)."""
+        h = self._held.get(id(local))
+        return h is None or not h.split or h.source is not None or is_dtensor(h.param)
+
     def original(self, shard: Tensor) -> Tensor:
         """The parameter whose local piece is ``shard``."""
         h = self._held.get(id(shard))
@@ -214,7 +219,7 @@ class Sharding:
                 e.pieces.pop("grad", None)
                 if e.p.grad is not None:
                     e.pieces["grad"] = stats.moments(e.p.grad)
-        local = [Remote(e.name, tuple(self.shape(e.p)), str(e.p.dtype)) for e in entries]
+        local = [Remote(e.name, tuple(self.shape(e.p)), str(e.p.dtype), self._whole(e.p)) for e in entries]
         return reduce(entries, local, [self._held[id(e.p)] for e in entries], keys, ranks, self.left_out)
 
 

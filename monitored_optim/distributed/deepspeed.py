@@ -34,6 +34,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -109,6 +110,14 @@ class Layout:
         for group, pieces in self._flats(self.wrapper()):
             out.append(({**group, "param_names": [self.name(h.source) for h in pieces]}, pieces))
         return out
+
+    def optimizer(self) -> Any:
+        """The optimizer as its param groups are outside the wrapper's calls: all of them (stages 1-2
+        leave only the group being stepped during a call)."""
+        wrapper = self.wrapper()
+        groups = _all_groups(wrapper) if type(wrapper).__name__ == "DeepSpeedZeroOptimizer" \
+            else wrapper.optimizer.param_groups
+        return SimpleNamespace(param_groups=groups, defaults=wrapper.optimizer.defaults)
 
     def last(self) -> int:
         """The id of the flat tensor the wrapper steps last in each of its steps."""

@@ -53,6 +53,8 @@ class Reduced:
             over all N elements (a kind missing on a rank counts as zeros there; zeros where no rank had it).
         present: bool ``(P, 3)``, whether some rank had each kind.
         pieces: per parameter a dict of the other pieces some rank had (``[count]``, ``[norm, norm]``).
+        names: per parameter its name in the union (this rank's own may be kept apart from another
+            rank's parameter of the same name, :class:`~.pipeline.Ranks`).
         remote: the parameters after this rank's own (:class:`~.pipeline.Remote`), monitored elsewhere.
     """
 
@@ -69,6 +71,7 @@ class Reduced:
         self.pairs = torch.tensor(pairs, dtype=torch.float64).reshape(*shape, 2)
         self.present = torch.tensor(present, dtype=torch.bool).reshape(shape)
         self.remote: list[Remote] = list(ranks.remote)
+        self.names: list[str] = list(ranks.names)
 
 
 def reduce(entries: list[Any], local: list[Remote], held: list[Held], keys: dict[str, str], ranks: Ranks,
@@ -135,10 +138,10 @@ def _table(entries: list[Any], held: list[Held], keys: dict[str, str], ranks: Ra
     order = {key: i for i, key in enumerate(keys)}
     values, meta = [], []  # meta per piece: (table row, w·n, w, n > 0, reduction code)
     for e, h in zip(entries, held):
-        block = ranks.block.get(e.name)
-        if block is None or changed:
+        key = ranks.key.get(e.name)
+        if key is None or changed:
             continue
-        w, n = h.weight(ranks.holders[e.name]), float(stats.count(e.p))
+        block, w, n = ranks.block[key], h.weight(ranks.holders[key]), float(stats.count(e.p))
         for key, value in e.pieces.items():
             how = keys.get(key)
             if how is None or (how == WHOLE and h.split):
