@@ -72,7 +72,8 @@ def main() -> None:
     if rank == 0:
         print(f"\nZeRO stage {args.stage} on {world} ranks, {opt.monitor.step} optimizer steps in "
               f"{time.perf_counter() - start:.1f} s, test accuracy {accuracy:.3f}")
-        print("DeepSpeed steps one flat fp32 partition per group; the figures are of the model's parameters.")
+        if args.stage:
+            print("DeepSpeed steps one flat fp32 partition per group; the figures are of the model's parameters.")
         print(f"\nUpdate-to-data ratio at step {opt.monitor.step} (healthy near -3, band {list(HEALTHY)}):")
         print(ratio_table([opt.monitor.latest], {n for n, p in decay}))
         print(health_summary(opt.monitor.latest))
