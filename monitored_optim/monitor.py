@@ -20,7 +20,6 @@ from __future__ import annotations
 import atexit
 import functools
 import gc
-import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -28,8 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import amp, distributed, families, grouping, pieces, stats
-from .distributed import deepspeed
+from . import amp, distributed, engine, families, grouping, pieces, stats, usage
 from ._warnings import warn
 from .backends import Fanout
 from .capture import Capture, Workspace, closure_is_first, closure_of, with_grads_of_closure
@@ -109,14 +107,11 @@ class Monitor:
         self._backends = Fanout(self.settings.backends, self.settings.logdir, self.settings.strict, self.settings.sinks)
         self._optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None
         self._ranks = distributed.Ranks()  # the names every rank monitors, once exchanged
-        self._engine: Any = None  # a DeepSpeed wrapper's layout once found, False where there is none
-        self._pending: _Pending | None = None  # a logging step of the DeepSpeed wrapper's in progress
-        self._calls = 0  # base steps called during the DeepSpeed wrapper's step
-        self._last_flat: int | None = None  # id of the flat buffer that ends the step found inside
+        self._engine: engine.EngineSteps | bool | None = None  # DeepSpeed's steps once found, False: none
         self._born: dict[int, str] = {}  # id -> name of the parameters the optimizer was built with
         self._looked: set[int] = set()  # ids of tensors that led a param group when no DeepSpeed was found
-        self._usage = _Usage(optimizer_cls.__name__)
-        weakref.finalize(self, _UNSTEPPED.append, self._usage)  # told at exit if it was never stepped
+        self._usage = usage.Usage(optimizer_cls.__name__)
+        weakref.finalize(self, usage.UNSTEPPED.append, self._usage)  # told at exit if it was never stepped
         self._watched: list[weakref.ref[torch.nn.Module]] = []
         self._model_names: dict[int, str] = {}
         self._warned_unnamed = False
@@ -291,11 +286,12 @@ class Monitor:
         Returns what the base step returns (the closure's loss, if any).
         """
         if self._engine is None or self._engine is False and self._replaced(optimizer):
-            self._usage.stepped = True
-            _USAGE.stepped = True
-            self._find_engine(optimizer)
+            self._usage.stepped = usage.ANY.stepped = True
+            self._engine = engine.find(self, optimizer) or False
+            if not self._engine:
+                self._looked.update(id(group["params"][0]) for group in optimizer.param_groups if group["params"])
         if self._engine:
-            return self._engine_call(optimizer, step_fn, args, kwargs)
+            return self._engine.call(optimizer, step_fn, args, kwargs)
         found_inf = getattr(optimizer, "found_inf", None)
         if found_inf is not None and bool(found_inf):  # a fused optimizer under GradScaler, skipped
             self.base_calls += 1
@@ -316,77 +312,10 @@ class Monitor:
 
     def _replaced(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether a param group now leads with a tensor the optimizer was not built with and not yet
-        looked into (DeepSpeed puts its flat buffers there after a first step taken without it)."""
+        looked into (DeepSpeed puts its flat buffers there after a first step taken without it): the
+        engine is looked for again (:func:`~monitored_optim.engine.find`)."""
         return any(group["params"] and id(group["params"][0]) not in self._born
                    and id(group["params"][0]) not in self._looked for group in optimizer.param_groups)
-
-    def _find_engine(self, optimizer: torch.optim.Optimizer) -> None:
-        """Decide whether a DeepSpeed wrapper calls this optimizer's step (its layout in ``_engine``,
-        else False), at the first call and again where the param groups lead with new tensors; make the
-        wrapper's own ``step`` the step the monitor counts. Found inside the wrapper's step, that step
-        ends with the base step of its last flat buffer."""
-        found = deepspeed.find(optimizer) if distributed.initialized() else None
-        if found is None:
-            self._engine = False
-            self._looked.update(id(group["params"][0]) for group in optimizer.param_groups if group["params"])
-            return
-        wrapper, inside = found
-        deepspeed.engine_step(wrapper, self._engine_step)
-        self._engine = deepspeed.Layout(wrapper, self._born, self._model_names)
-        if inside:
-            self._last_flat = self._engine.last()
-            self._begin_engine_step(optimizer)
-
-    def _engine_step(self, step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The DeepSpeed wrapper's ``step()``: one optimizer step of the engine, whatever number of
-        base steps it calls (none: a skipped step, an fp16 overflow), measured every ``every`` steps."""
-        optimizer = self._optimizer()
-        self._begin_engine_step(optimizer)
-        try:
-            out = step(*args, **kwargs)
-        except BaseException:
-            self._pending = None
-            raise
-        self._end_engine_step(optimizer)
-        return out
-
-    def _begin_engine_step(self, optimizer: torch.optim.Optimizer | None) -> None:
-        self._calls = 0
-        logs = optimizer is not None and not (self._step + 1) % self.settings.every
-        self._pending = self._open(optimizer, self._engine) if logs else None
-
-    def _end_engine_step(self, optimizer: torch.optim.Optimizer | None) -> None:
-        pending, self._pending = self._pending, None
-        if not self._calls:
-            self.skipped()
-        elif pending is not None:
-            self._finish(optimizer, pending)
-        else:
-            self._step += 1
-
-    def _engine_call(self, optimizer: torch.optim.Optimizer, step_fn: Callable[..., Any],
-                     args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """A base step that the DeepSpeed wrapper calls, inside its step or not (the one it takes at
-        build time to create the state is not counted); on a logging step, the capture of the param
-        groups it steps."""
-        self.base_calls += 1
-        self._calls += 1
-        pending = self._pending
-        if pending is None and self._last_flat is None:
-            return step_fn(optimizer, *args, **kwargs)
-        stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        if pending is None:
-            out = step_fn(optimizer, *args, **kwargs)
-        else:
-            pending.sharding.regrad(stepped)  # the wrapper sets the flat grads just before it steps
-            made, args, kwargs = self._before(pending, args, kwargs, pending.sharding.groups_of(stepped))
-            out = step_fn(optimizer, *args, **kwargs)
-            self._after(pending, made)
-            pending.sharding.release(made.all)  # no grad of the wrapper's is held past its base step
-        if self._last_flat in stepped:  # the first step, found inside: it ends here
-            self._last_flat = None
-            self._end_engine_step(optimizer)
-        return out
 
     @torch.compiler.disable
     def _open(self, optimizer: torch.optim.Optimizer, layout: Any = None) -> _Pending:
@@ -428,7 +357,7 @@ class Monitor:
         sharding, entries = pending.sharding, pending.entries
         self.capture.finish(entries)
         roster = self.capture.roster(entries, None if sharding is None else sharding.shape)
-        source = self._engine.optimizer() if self._engine else optimizer  # all of DeepSpeed's groups
+        source = self._engine.layout.optimizer() if self._engine else optimizer  # all of DeepSpeed's groups
         lr_values = tensor_lrs(source)
         hosted, read_lrs, reduced = self._hosted(entries, roster, pending.batch.finish(), sharding, lr_values)
         lrs = group_lrs(source, dict(zip(lr_values, read_lrs)))
@@ -446,7 +375,7 @@ class Monitor:
     def _held_params(self, optimizer: torch.optim.Optimizer) -> list[Tensor]:
         """The model's parameters that the optimizer steps (under DeepSpeed, those in its flat buffers)."""
         if self._engine:
-            return [h.source for _, pieces in self._engine.groups() for h in pieces]
+            return self._engine.model_params()
         return [p for group in optimizer.param_groups for p in group["params"]]
 
     def _hosted(self, entries: Entries, roster: Roster, rows: stats.Moments, sharding: distributed.Sharding | None,
@@ -479,7 +408,7 @@ class Monitor:
         run at interpreter exit)."""
         self.capture.release()
         self._backends.close()
-        _tell_unstepped([self._usage])
+        usage.tell_unstepped([self._usage])
         _OPEN.discard(self)
         _ALL.discard(self)  # a monitor resumed into the same logdir after this one is no clash
 
@@ -638,38 +567,4 @@ def _warn_if_shared(settings: Settings) -> None:
 def _close_all() -> None:
     for monitor in list(_OPEN):
         monitor.close()
-    _tell_unstepped([monitor._usage for monitor in list(_ALL)] + _UNSTEPPED)
-
-
-class _Usage:
-    """Whether a monitor's optimizer was ever stepped (kept past the monitor, for the exit's notice)."""
-
-    __slots__ = ("label", "built", "stepped", "told")
-
-    def __init__(self, label: str) -> None:
-        self.label, self.built, self.stepped, self.told = label, False, False, False
-
-
-_USAGE = _Usage("any")
-"""Whether any monitored optimizer of this process was stepped."""
-_UNSTEPPED: list[_Usage] = []
-"""The usages of the monitors collected so far (told about at exit if never stepped)."""
-
-
-TRAINERS = ("transformers", "deepspeed", "lightning", "accelerate")
-"""Packages whose trainers may build an optimizer of their own in place of the one they were given."""
-
-
-def _tell_unstepped(usages: list[_Usage]) -> None:
-    """Warn once that monitored optimizers were built but never stepped, where no monitored optimizer
-    of this process was and a trainer is loaded (one that built its own optimizer: nothing would be
-    logged, silently)."""
-    idle = [u for u in usages if u.built and not (u.stepped or u.told)]
-    if not idle or _USAGE.stepped or not any(name in sys.modules for name in TRAINERS):
-        return
-    for u in idle:
-        u.told = True
-    warn(f"monitored_optim: {len(idle)} monitored optimizer(s) ({', '.join(sorted({u.label for u in idle}))}) were "
-         "built but never stepped, so nothing was logged; a trainer may have built its own optimizer instead (the HF "
-         "Trainer with deepspeed= does: give it optimizer_cls_and_kwargs=(Monitored(torch.optim.AdamW), {...}) instead "
-         "of optimizers=)", RuntimeWarning)
+    usage.tell_unstepped([monitor._usage for monitor in list(_ALL)] + usage.UNSTEPPED)

@@ -1,0 +1,109 @@
+"""The steps of an engine that calls the optimizer's ``step()`` several times per step of its own.
+
+DeepSpeed's ZeRO wrappers call the optimizer's ``step()`` once per param group or sub-group
+(:mod:`monitored_optim.distributed.deepspeed`), and the FP16 wrappers once more at build time to
+create the state. Their own ``step()`` is the step a user counts: :class:`EngineSteps` makes the
+monitor count one per call of it (none where it steps nothing: an fp16 overflow, a skipped step)
+and, on a logging step, capture each base step's param groups into one logging step, reduced once
+when the wrapper's step returns.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import distributed
+from .distributed import deepspeed
+
+
+def find(monitor: Any, optimizer: torch.optim.Optimizer) -> EngineSteps | None:
+    """The :class:`EngineSteps` of the DeepSpeed wrapper now calling ``optimizer.step()``, or None."""
+    found = deepspeed.find(optimizer) if distributed.initialized() else None
+    return None if found is None else EngineSteps(monitor, optimizer, *found)
+
+
+class EngineSteps:
+    """A monitor's count and capture of a DeepSpeed wrapper's steps.
+
+    Args:
+        monitor: the :class:`~monitored_optim.monitor.Monitor` (held weakly; its ``_open``,
+            ``_before``, ``_after``, ``_finish`` and ``skipped`` run the logging step).
+        optimizer: the monitored optimizer.
+        wrapper: the DeepSpeed wrapper whose ``step`` is made the one the monitor counts.
+        inside: the wrapper was found inside its own ``step()``: that step is counted as well, and
+            ends with the base step of the wrapper's last flat buffer.
+    """
+
+    def __init__(self, monitor: Any, optimizer: torch.optim.Optimizer, wrapper: Any, inside: bool) -> None:
+        self._monitor = weakref.ref(monitor)
+        self.layout = deepspeed.Layout(wrapper, monitor._born, monitor._model_names)
+        self._pending: Any = None  # a logging step in progress
+        self._calls = 0  # base steps called during the wrapper's step
+        self._last: int | None = None  # id of the flat buffer that ends the step found inside
+        deepspeed.engine_step(wrapper, self.step)
+        if inside:
+            self._last = self.layout.last()
+            self._begin(optimizer)
+
+    def step(self, step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The wrapper's ``step()``: one optimizer step of the engine, measured every ``every`` steps."""
+        monitor = self._monitor()
+        optimizer = monitor._optimizer() if monitor is not None else None
+        if optimizer is None:
+            return step(*args, **kwargs)
+        self._begin(optimizer)
+        try:
+            out = step(*args, **kwargs)
+        except BaseException:
+            self._pending = None
+            raise
+        self._end(optimizer)
+        return out
+
+    def call(self, optimizer: torch.optim.Optimizer, step_fn: Callable[..., Any], args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Any:
+        """A base step that the wrapper calls, inside its step or not (the one it takes at build time
+        is not counted); on a logging step, the capture of the param groups it steps."""
+        monitor = self._monitor()
+        monitor.base_calls += 1
+        self._calls += 1
+        pending = self._pending
+        if pending is None and self._last is None:
+            return step_fn(optimizer, *args, **kwargs)
+        stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        if pending is None:
+            out = step_fn(optimizer, *args, **kwargs)
+        else:
+            pending.sharding.regrad(stepped)  # the wrapper sets the flat grads just before it steps
+            made, args, kwargs = monitor._before(pending, args, kwargs, pending.sharding.groups_of(stepped))
+            out = step_fn(optimizer, *args, **kwargs)
+            monitor._after(pending, made)
+            pending.sharding.release(made.all)  # no grad of the wrapper's is held past its base step
+        if self._last in stepped:  # the step found inside ends here
+            self._last = None
+            self._end(optimizer)
+        return out
+
+    def model_params(self) -> list[torch.Tensor]:
+        """The model's parameters in the wrapper's flat buffers."""
+        return [h.source for _, pieces in self.layout.groups() for h in pieces]
+
+    def _begin(self, optimizer: torch.optim.Optimizer) -> None:
+        monitor = self._monitor()
+        self._calls = 0
+        logs = not (monitor.step + 1) % monitor.settings.every
+        self._pending = monitor._open(optimizer, self.layout) if logs else None
+
+    def _end(self, optimizer: torch.optim.Optimizer) -> None:
+        monitor = self._monitor()
+        pending, self._pending = self._pending, None
+        if not self._calls:
+            monitor.skipped()
+        elif pending is not None:
+            monitor._finish(optimizer, pending)
+        else:
+            monitor._step += 1

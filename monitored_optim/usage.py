@@ -1,0 +1,46 @@
+"""Whether monitored optimizers were stepped: a notice for one that a trainer left aside.
+
+The HF Trainer with ``deepspeed=`` builds an optimizer of its own in place of ``optimizers=(opt,
+None)``; the monitored one is then never stepped and nothing is logged, silently. Each monitor's
+:class:`Usage` outlives it, so that :func:`tell_unstepped` can say so at ``close()`` or exit.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ._warnings import warn
+
+
+class Usage:
+    """Whether a monitor's optimizer was ever stepped (kept past the monitor, for the exit's notice)."""
+
+    __slots__ = ("label", "built", "stepped", "told")
+
+    def __init__(self, label: str) -> None:
+        self.label, self.built, self.stepped, self.told = label, False, False, False
+
+
+ANY = Usage("any")
+"""Whether any monitored optimizer of this process was stepped."""
+UNSTEPPED: list[Usage] = []
+"""The usages of the monitors collected so far (told about at exit if never stepped)."""
+
+
+TRAINERS = ("transformers", "deepspeed", "lightning", "accelerate")
+"""Packages whose trainers may build an optimizer of their own in place of the one they were given."""
+
+
+def tell_unstepped(usages: list[Usage]) -> None:
+    """Warn once that monitored optimizers were built but never stepped, where no monitored optimizer
+    of this process was and a trainer is loaded (one that built its own optimizer: nothing would be
+    logged, silently)."""
+    idle = [u for u in usages if u.built and not (u.stepped or u.told)]
+    if not idle or ANY.stepped or not any(name in sys.modules for name in TRAINERS):
+        return
+    for u in idle:
+        u.told = True
+    warn(f"monitored_optim: {len(idle)} monitored optimizer(s) ({', '.join(sorted({u.label for u in idle}))}) were "
+         "built but never stepped, so nothing was logged; a trainer may have built its own optimizer instead (the HF "
+         "Trainer with deepspeed= does: give it optimizer_cls_and_kwargs=(Monitored(torch.optim.AdamW), {...}) instead "
+         "of optimizers=)", RuntimeWarning)
