@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import amp, distributed, engine, families, grouping, pieces, stats, usage
+from . import amp, distributed, engine, families, grouping, host, pieces, stats, usage
 from ._warnings import warn
 from .backends import Fanout
 from .capture import Capture, Workspace, closure_is_first, closure_of, with_grads_of_closure
@@ -379,7 +379,7 @@ class Monitor:
         return [p for group in optimizer.param_groups for p in group["params"]]
 
     def _hosted(self, entries: Entries, roster: Roster, rows: stats.Moments, sharding: distributed.Sharding | None,
-                lr_values: dict[int, Tensor]) -> tuple[stats.Hosted, list[list[float]], Any]:
+                lr_values: dict[int, Tensor]) -> tuple[host.Hosted, list[list[float]], Any]:
         """Stage 5: the step's moments and pieces on the host, the Tensor lrs' values, and under
         ``torch.distributed`` the reduction's names (the parameters that other ranks monitor after this
         rank's; None outside): one host copy per device, or one all_reduce (and one host copy for
@@ -391,7 +391,7 @@ class Monitor:
             index = roster.index
             pairs, present, extra = rows.host(index, held + list(lr_values.values()))
             counts = rows.sizes[index[:, 0]]  # p_before's rows cover each parameter once
-            own, read = _host_pieces(leads, holding, extra[:len(held)]), extra[len(held):]
+            own, read = host.pieces(leads, holding, extra[:len(held)]), extra[len(held):]
             reduced = None
         else:  # whole-parameter values and counts
             for e in leads:
@@ -401,7 +401,7 @@ class Monitor:
             self._tell_left_out(sharding.left_out)
             read = stats.Moments({}, {}, 0, torch.zeros(0)).host(torch.zeros(0, dtype=torch.long),
                                                                list(lr_values.values()))[2]
-        return stats.Hosted(_moment_table(leads, roster.captured, counts, pairs, present), own), read, reduced
+        return host.Hosted(host.table(leads, roster.captured, counts, pairs, present), own), read, reduced
 
     def close(self) -> None:
         """Flush and close every backend and let go of the parameters the layout holds (idempotent; also
@@ -474,33 +474,6 @@ def _valid_step(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"opt.monitor.step={value!r} is not valid: expected an integer >= 0")
     return value
-
-
-def _host_pieces(entries: list[Entry], holding: list[int], values: list[list[float]]
-                 ) -> list[dict[str, list[float]]]:
-    """Per entry, its pieces' host values, from ``values`` in the order of their pieces.
-
-    Only the entries at the indices ``holding`` have any; the others get an empty dict."""
-    values, own = iter(values), [{} for _ in range(len(entries))]
-    for i in holding:
-        own[i] = {key: next(values) for key in entries[i].pieces}
-    return own
-
-
-def _moment_table(entries: list[Entry], captured: list[int], counts: Tensor | list[float], pairs: Tensor,
-                  present: Tensor) -> stats.MomentTable:
-    """The host moments of a logging step as one table: ``counts``, the entries' element counts;
-    ``pairs``, float64 ``(N, K, 2)`` of ``(mean, m2)`` per kind of :data:`~monitored_optim.stats.KINDS`,
-    zeros where ``present`` (bool ``(N, K)``) says a kind had no values (no grad; no update: the
-    parameter did not move); ``captured``: the indices of the entries not captured flat (only the
-    eager capture's may be uncentred)."""
-    uncentred = None  # every entry centred (the fused capture's); other ranks' parameters after them
-    if any(entries[i].centred for i in captured):
-        flags = [not e.centred.get(kind, True) for e in entries for kind in stats.KINDS]
-        flags += [False] * (len(counts) - len(entries)) * len(stats.KINDS)
-        uncentred = torch.tensor(flags, dtype=torch.bool).reshape(len(counts), len(stats.KINDS))
-    n = torch.as_tensor(counts, dtype=torch.float64).reshape(-1, 1)
-    return stats.MomentTable(n, pairs[..., 0], pairs[..., 1], uncentred, present)
 
 
 class _Pending:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import stats
+from .. import host, stats
 from ..config import Settings, every_parameter
 from ..updates import CLONE, View, elementwise, raw_step
 from .eager import Eager, chunks, record_grads
@@ -220,7 +220,7 @@ class Capture:
             held = self._roster = Roster.of(self.plan, order, entries.leads, shape)
         return held
 
-    def remember(self, roster: Roster, hosted: stats.Hosted) -> None:
+    def remember(self, roster: Roster, hosted: host.Hosted) -> None:
         """After a logging step: the centring and snapshot rules' memories for the next one."""
         table, named = hosted.table, roster.names
         self.centring.update(named, roster.captured, table)  # a flat entry has no decision

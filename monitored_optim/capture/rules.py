@@ -196,7 +196,7 @@ class RiskMemory:
         Args:
             names: the parameters' names, the rows of ``table``; ``position``: name -> row.
             eps: float64 ``(N,)``, :func:`eps` of each parameter's dtype.
-            table: the step's :class:`~monitored_optim.stats.MomentTable`.
+            table: the step's :class:`~monitored_optim.host.MomentTable`.
             exact: float64 ``(N,)``, :func:`at_powers_of_two` where measured, NaN elsewhere.
         """
         std, n = table.std, table.n[:, 0]

@@ -83,8 +83,8 @@ class Ranks:
         self.fingerprint = float(zlib.crc32("\n".join(everyone).encode()) & 0xFFFF)
         apart = {name: keys for name, keys in variants.items() if len(keys) > 1}
         if apart and dist.get_rank() == 0:
-            shown = "; ".join(f"{', '.join(repr(k) for k in keys)} ({', '.join(str(list(everyone[k].shape)) for k in keys)})"
-                              for name, keys in apart.items())
+            shown = "; ".join(f"{', '.join(map(repr, keys))} ({', '.join(str(list(everyone[k].shape)) for k in keys)})"
+                              for keys in apart.values())
             warn(f"monitored_optim: ranks monitor different parameters under one name, kept apart as {shown}; build "
                  "each pipeline stage from the whole model so that its parameters keep the model's full names",
                  RuntimeWarning)
