@@ -102,7 +102,7 @@ class Monitor:
         self._reductions = pieces.declared(chosen)  # head of each piece key -> its reduction
         self._piece_keys = pieces.keys(chosen)  # the sharded table's rows per parameter
         self.capture = Capture(self.view, self.settings, chosen, self._reductions)
-        self._figures = Figures(self.settings, chosen, self.health, lambda group: self.capture.view.held(group))
+        self._figures = Figures(self.settings, chosen, self.health, self.capture.held)  # no cycle through self
         self._history = History()
         self._backends = Fanout(self.settings.backends, self.settings.logdir, self.settings.strict, self.settings.sinks)
         self._optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None

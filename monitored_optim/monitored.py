@@ -76,6 +76,46 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
     def step(self, *args: Any, **kwargs: Any) -> Any:
         return self.monitor.run(self, raw_step(base), args, kwargs)
 
+    def _get_monitor(self) -> Monitor:
+        """The :class:`~monitored_optim.monitor.Monitor` of this optimizer (step count, latest figures)."""
+        return self._monitor
+
+    def _set_monitor(self, value: Any) -> None:
+        raise AttributeError(f"{base.__name__} sets its own 'monitor' attribute, which Monitored() needs for "
+                             "opt.monitor; rename that attribute in the optimizer class to monitor it")
+
+    monitor = property(_get_monitor, _set_monitor, doc=_get_monitor.__doc__)
+
+    __getstate__, __setstate__ = _pickling(base)
+    state_dict, load_state_dict = _state_dicts(base)
+    __init__.__signature__ = _with_monitor_kwarg(base.__init__)  # type: ignore[attr-defined]
+    __init__.__doc__ = base.__init__.__doc__
+    step.__signature__ = _signature(raw_step(base))  # type: ignore[attr-defined]
+    step.__doc__ = raw_step(base).__doc__
+    state_dict.__signature__ = _signature(base.state_dict)  # type: ignore[attr-defined]
+    load_state_dict.__signature__ = _signature(base.load_state_dict)  # type: ignore[attr-defined]
+    state_dict.__doc__ = (f"{base.__name__}.state_dict() plus ``'monitor': {{'step': N}}``, the monitor's step "
+                          f"count (ignored by the plain class's load_state_dict).")
+    load_state_dict.__doc__ = (f"Load a state dict of this class or of the plain {base.__name__}.\n\n"
+                               f"Takes the arguments {base.__name__}.load_state_dict takes. The monitor's step count "
+                               "continues from the saved one; in a plain state dict, from the count the optimizer "
+                               "keeps (``state[p]['step']``, ``param_groups[i]['step']`` or ``['k']``, or those of an "
+                               "optimizer it wraps). Optimizer state with no count warns and starts at step 1.")
+    name = f"Monitored{base.__name__}"
+    namespace = {
+        "__init__": __init__, "step": step, "monitor": monitor,
+        "state_dict": state_dict, "load_state_dict": load_state_dict,
+        "__getstate__": __getstate__, "__setstate__": __setstate__,
+        "_monitored_base": base, "__module__": __name__, "__qualname__": name,
+        "__doc__": f"{base.__name__} whose step() is monitored (see monitored_optim.Monitored).\n\n"
+                   f"{base.__doc__ or ''}",
+    }
+    return _metaclass(type(base))(name, (base,), namespace)
+
+
+def _pickling(base: type[torch.optim.Optimizer]) -> tuple[Any, Any]:
+    """``__getstate__`` and ``__setstate__`` of ``Monitored(base)``: the monitor's configuration, step
+    count and a watched model's names travel with the optimizer (the model itself does not)."""
     def __getstate__(self) -> dict[str, Any]:
         state = base.__getstate__(self)
         config = self.monitor.config
@@ -99,6 +139,12 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
                                               for p, name in zip(group["params"], own) if name is not None)
             self._monitor.attach(self)
 
+    return __getstate__, __setstate__
+
+
+def _state_dicts(base: type[torch.optim.Optimizer]) -> tuple[Any, Any]:
+    """``state_dict`` and ``load_state_dict`` of ``Monitored(base)``: the step count saved beside the
+    plain state, and continued from a loaded one."""
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         sd = base.state_dict(self, *args, **kwargs)
         if "_monitor" in vars(self):  # absent while a base __init__ calls state_dict()
@@ -125,39 +171,7 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
                      f"{base.__name__} checkpoint keeps none), so the monitor's x axis starts again at step 1; "
                      "set opt.monitor.step to the step the checkpoint was saved at to continue it", RuntimeWarning)
 
-    def _get_monitor(self) -> Monitor:
-        """The :class:`~monitored_optim.monitor.Monitor` of this optimizer (step count, latest figures)."""
-        return self._monitor
-
-    def _set_monitor(self, value: Any) -> None:
-        raise AttributeError(f"{base.__name__} sets its own 'monitor' attribute, which Monitored() needs for "
-                             "opt.monitor; rename that attribute in the optimizer class to monitor it")
-
-    monitor = property(_get_monitor, _set_monitor, doc=_get_monitor.__doc__)
-
-    __init__.__signature__ = _with_monitor_kwarg(base.__init__)  # type: ignore[attr-defined]
-    __init__.__doc__ = base.__init__.__doc__
-    step.__signature__ = _signature(raw_step(base))  # type: ignore[attr-defined]
-    step.__doc__ = raw_step(base).__doc__
-    state_dict.__signature__ = _signature(base.state_dict)  # type: ignore[attr-defined]
-    load_state_dict.__signature__ = _signature(base.load_state_dict)  # type: ignore[attr-defined]
-    state_dict.__doc__ = (f"{base.__name__}.state_dict() plus ``'monitor': {{'step': N}}``, the monitor's step "
-                          f"count (ignored by the plain class's load_state_dict).")
-    load_state_dict.__doc__ = (f"Load a state dict of this class or of the plain {base.__name__}.\n\n"
-                               f"Takes the arguments {base.__name__}.load_state_dict takes. The monitor's step count "
-                               "continues from the saved one; in a plain state dict, from the count the optimizer "
-                               "keeps (``state[p]['step']``, ``param_groups[i]['step']`` or ``['k']``, or those of an "
-                               "optimizer it wraps). Optimizer state with no count warns and starts at step 1.")
-    name = f"Monitored{base.__name__}"
-    namespace = {
-        "__init__": __init__, "step": step, "monitor": monitor,
-        "state_dict": state_dict, "load_state_dict": load_state_dict,
-        "__getstate__": __getstate__, "__setstate__": __setstate__,
-        "_monitored_base": base, "__module__": __name__, "__qualname__": name,
-        "__doc__": f"{base.__name__} whose step() is monitored (see monitored_optim.Monitored).\n\n"
-                   f"{base.__doc__ or ''}",
-    }
-    return _metaclass(type(base))(name, (base,), namespace)
+    return state_dict, load_state_dict
 
 
 def _metaclass(meta: type) -> type:

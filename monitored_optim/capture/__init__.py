@@ -206,6 +206,11 @@ class Capture:
                 for key, value in made.items():
                     self.eager.add_piece(by_name[name], key, value)
 
+    def held(self, group: dict[str, Any]) -> bool:
+        """Whether the step just taken left ``group`` unchanged by the optimizer's design
+        (:meth:`~monitored_optim.updates.View.held` of the view in use)."""
+        return self.view.held(group)
+
     def risky(self, name: str) -> bool:
         """Whether the snapshot rule's rounding risk copies parameter ``name`` (never where the view
         measures its stored change itself, :attr:`~monitored_optim.updates.View.checks_store`)."""
