@@ -346,3 +346,25 @@ def test_a_closure_gives_the_grads_of_a_parameter_cut_into_parts(cls, kwargs, be
     snapshot, _ = truth.snapshot(named)
     opt.step(closure)
     truth.assert_figures_match(opt.monitor.latest, truth.figures(named, snapshot, grads))
+
+
+def test_a_monitored_optimizer_is_freed_without_the_garbage_collector(tmp_path):
+    """No reference cycle runs through the monitor: dropping the optimizer frees it (and closes its
+    files) at once, as a plain optimizer is freed, not at some later collection."""
+    import gc
+    import weakref
+
+    net = torch.nn.Linear(3, 2)
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        opt = Monitored(torch.optim.AdamW)(net.named_parameters(), lr=0.1, monitor=MonitorConfig(
+            backend="jsonl", logdir=tmp_path, every=1))
+        net(torch.ones(1, 3)).sum().backward()
+        opt.step()
+        monitor = weakref.ref(opt.monitor)
+        del opt
+        assert monitor() is None
+    finally:
+        if was_on:
+            gc.enable()
