@@ -67,3 +67,34 @@ def test_the_cost_is_in_the_jsonl_and_left_out_by_the_figure_selection(tmp_path)
         assert tags == (set() if figures else {"monitor/copied_bytes", "monitor/host_seconds"}), rows
         if not figures:
             assert all(row["monitor/copied_bytes"] == 32 * 32 * 4 for row in rows)
+
+
+def _row(text, name):
+    return next(line for line in text.splitlines() if line.split()[:1] == [name])
+
+
+def test_describe_shows_the_plan_before_any_step_and_the_route_taken_after(tmp_path):
+    named = [("w", nn.Parameter(torch.randn(64, 100))), ("b", nn.Parameter(torch.zeros(64)))]
+    opt = Monitored(SignSGD)(named, lr=1e-3, monitor=MonitorConfig(backend="none", every=2, logdir=tmp_path))
+    before = opt.monitor.describe()
+    assert "capture: the plan, before any logging step" in before and "took at step" not in before
+    _stepped(opt, named, steps=3)  # logs at step 2
+    after = opt.monitor.describe()
+    assert "the route each parameter took at step 2" in after and "the plan, before" not in after
+    assert _row(after, "w").endswith("clone (no state-aware view for this optimizer's step)"), after
+
+
+def test_describe_names_the_schedule_free_replayed_sums_fallback_where_it_happens(tmp_path):
+    schedulefree = pytest.importorskip("schedulefree")
+    gen = torch.Generator().manual_seed(0)
+    named = [("w", nn.Parameter(torch.randn(128, 64, generator=gen)))]  # updates of a few spacings
+    opt = Monitored(schedulefree.SGDScheduleFree)(named, lr=1e-3, monitor=MonitorConfig(backend="none", every=1,
+                                                                                          logdir=tmp_path))
+    opt.train()
+    assert _row(opt.monitor.describe(), "w").endswith("view (SGDScheduleFreeView)")
+    seen = []
+    for _ in range(4):
+        assert _stepped(opt, named, steps=1)["monitor/copied_bytes"] == 0  # the replay keeps three sums, no copy
+        seen.append(_row(opt.monitor.describe(), "w"))
+    assert any("replayed sums" in row and "fell back" in row for row in seen), seen
+    assert all(row.endswith("view (SGDScheduleFreeView)") or "replayed sums" in row for row in seen), seen
