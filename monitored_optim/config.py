@@ -90,7 +90,8 @@ class MonitorConfig:
         exclude: globs of parameter names to leave out (as ``!`` globs in ``params``).
         figures: which figure families are computed and sent: a comma-separated string or a list
             from ``update_to_data``, ``grad_to_data``, ``norms``, ``lr``, ``health``,
-            ``update_lost``, ``spikes``, ``state``, ``spectral``, or ``"all"``. Default: all but
+            ``update_lost``, ``spikes``, ``monitor`` (the monitor's own cost), ``state``,
+            ``spectral``, or ``"all"``. Default: all but
             ``state`` and ``spectral``. Environment: ``MONITORED_OPTIM_FIGURES``.
         tag_budget: the most tags one logging step sends to the dashboards (TensorBoard, W&B, MLflow,
             trackio, SwanLab, Comet; int >= 1,

@@ -19,8 +19,9 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, st
     """The param groups with their hyperparameters, then one row per parameter: name, shape,
     dtype, kind (matrix: ndim >= 2; vector), and how its update is captured and why.
 
-    The capture column is the route the capture's plan gives a parameter at a logging step with
-    grads of the parameters' dtypes (:mod:`monitored_optim.capture.plan`): ``view (<ViewName>)``, the
+    Before any logging step the capture column is the plan (a line above the table says so): the
+    route the capture's plan gives a parameter at a logging step with grads of the parameters'
+    dtypes (:mod:`monitored_optim.capture.plan`): ``view (<ViewName>)``, the
     update rebuilt from the optimizer's state with the store's rounding inverted (``in N slices``
     for a large one); ``snapshot (<reason>)``, an exact copy of p_before on logging steps, for the
     reasons of :func:`~monitored_optim.capture.rules.snapshot_reason`; ``clone (<reason>)``;
@@ -28,6 +29,12 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, st
     chunk; ``, fused`` where the compiled fused capture takes it (``MonitorConfig(compile=...)``);
     ``skipped``, left out by ``MonitorConfig(params=...)`` or an integer tensor. Verify mode,
     sharding, closures and the ``state``/``spectral`` families keep the eager routes.
+
+    After a logging step it is the route each parameter actually took there
+    (:attr:`~monitored_optim.capture.spent.Record.routes`), with ``(next: <plan>)`` where the plan of
+    the next logging step differs; a view that fell back says so: ``clone: the view fell back ...``
+    (it returned a copy of p_before), ``replayed sums: ...`` (schedule-free's replay of the step,
+    no copy), with ``(k of N parts)`` where only some parts did.
 
     Args:
         monitor: the :class:`~monitored_optim.monitor.Monitor`.
@@ -52,12 +59,19 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, st
                 shown.update((id(e.p), f"copied flat (at most {SMALL:,} elements)") for e in item)
             else:
                 shown[id(item.p)] = _route(monitor, plan, item, way)
+    last = monitor.capture.spent.last
+    taken = {} if last is None else last.routes
     rows = [("parameter", "shape", "dtype", "kind", "capture")]
     for group, own in zip(optimizer.param_groups, plan.names):
         for name, p in zip(own, group["params"]):
+            planned = shown.get(id(p), _SKIPPED)
+            took = taken.get(name, planned)
             rows.append((name, "x".join(map(str, p.shape)) or "scalar", str(p.dtype).replace("torch.", ""),
-                         kind(p), shown.get(id(p), _SKIPPED)))
+                         kind(p), took if took == planned else f"{took} (next: {planned})"))
     widths = [max(len(row[c]) for row in rows) for c in range(4)]
+    lines.append("capture: the plan, before any logging step (each logging step decides the route it takes)"
+                 if last is None else f"capture: the route each parameter took at step {last.step}, the last "
+                 "logging step ((next: ...) where the plan of the next one differs)")
     lines.append("")
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows]
     return "\n".join(lines)

@@ -32,6 +32,7 @@ from ._warnings import warn
 from .backends import Fanout
 from .capture import Capture, Workspace, closure_is_first, closure_of, with_grads_of_closure
 from .capture.plan import Entries, Entry, Roster, names as _names
+from .capture.spent import timed
 from .config import MonitorConfig, Settings, resolve
 from .history import History
 from .families.base import Family
@@ -324,6 +325,7 @@ class Monitor:
 
     @torch.compiler.disable
     @_gc_paused
+    @timed()
     def _before(self, pending: _Pending, args: tuple[Any, ...], kwargs: dict[str, Any],
                 groups: set[int] | None = None) -> tuple[Entries, tuple[Any, ...], dict[str, Any]]:
         """Stage 2: the capture before a base step (of the param groups ``groups``, None: all); returns
@@ -344,6 +346,7 @@ class Monitor:
 
     @torch.compiler.disable
     @_gc_paused
+    @timed()
     def _after(self, pending: _Pending, entries: Entries) -> None:
         """Stage 4: the capture after a base step, of the ``entries`` taken before it."""
         read = self._optimizer() if pending.sharding is None else pending.sharding.local
@@ -351,6 +354,7 @@ class Monitor:
 
     @torch.compiler.disable
     @_gc_paused
+    @timed(last=True)
     def _finish(self, optimizer: torch.optim.Optimizer, pending: _Pending) -> None:
         """Stages 5 to 7: count the step, reduce, compute the figures, deliver."""
         self._step += 1
@@ -367,6 +371,7 @@ class Monitor:
             if self._engine else None  # DeepSpeed's flat buffers: a group each, sub-groups at stage 3
         figures = self._figures.compute(self.step, everyone, hosted, source, lrs, groups, local)
         self.capture.remember(roster, hosted if everyone is roster else hosted.head(len(roster.names)))
+        figures.update(self.capture.spent.figures(self.settings.figures))  # the monitor's own cost
         self._deliver(figures, everyone)
         for model in (ref() for ref in self._watched):
             if model is not None:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import functools
 
-FAMILIES = ("update_to_data", "grad_to_data", "norms", "lr", "health", "update_lost", "spikes", "state", "spectral")
+FAMILIES = ("update_to_data", "grad_to_data", "norms", "lr", "health", "update_lost", "spikes", "monitor", "state",
+            "spectral")
 """Figure families ``MonitorConfig.figures`` chooses from (see :data:`PER_PARAMETER` and
 :data:`RUN_WIDE` for their tags)."""
 
-DEFAULT_FAMILIES = ("update_to_data", "grad_to_data", "norms", "lr", "health", "update_lost", "spikes")
+DEFAULT_FAMILIES = ("update_to_data", "grad_to_data", "norms", "lr", "health", "update_lost", "spikes", "monitor")
 """The families sent by default: all but ``state`` and ``spectral``, which cost passes over the
 optimizer state or matrix products on every logging step (``figures="all"`` adds them)."""
 
@@ -38,8 +39,10 @@ PER_PARAMETER = {
 KEYED = frozenset({"state_norm"})
 """Per-parameter heads followed by a key before the parameter name."""
 
-RUN_WIDE = {"global": "norms", "lr": "lr", "health": "health", "verify": "verify"}
-"""Head of each run-wide tag -> its figure family (``verify`` is verify mode's, not selectable)."""
+RUN_WIDE = {"global": "norms", "lr": "lr", "health": "health", "monitor": "monitor", "verify": "verify"}
+"""Head of each run-wide tag -> its figure family (``verify`` is verify mode's, not selectable;
+``monitor/copied_bytes`` and ``monitor/host_seconds`` are the monitor's own cost,
+:mod:`monitored_optim.capture.spent`)."""
 
 OWN_FAMILY = {"health/spikes": "spikes", "health/zero_grad": "state"}
 """Run-wide tags whose family is not their head's."""

@@ -255,7 +255,8 @@ def _assert_true_or_absent(logged, expected):
             assert abs(logged[tag] - want) <= 2e-3, (tag, logged[tag], want)
         elif not tag.startswith("health/"):
             assert logged[tag] == pytest.approx(want, rel=1e-4), tag
-    assert not set(logged) - set(expected) - {t for t in logged if t.startswith("lr/") or t == "health/spikes"}
+    assert not set(logged) - set(expected) - {t for t in logged if t.startswith(("lr/", "monitor/"))
+                                              or t == "health/spikes"}
 
 
 @pytest.mark.parametrize("cls,kwargs", [(torch.optim.SGD, dict(lr=0.1)), (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),

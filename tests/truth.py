@@ -59,9 +59,9 @@ def _ratio(out: dict[str, float], tag: str, num: Tensor, den: Tensor) -> None:
 
 def assert_figures_match(logged: dict[str, float], expected: dict[str, float],
                          ratio_tol: float = 2e-3, norm_rtol: float = 1e-4) -> None:
-    """Same tags (lr/* and health/spikes, tested on their own, aside) and values within tolerance:
-    log10 ratios absolute, norms relative."""
-    got = {k: v for k, v in logged.items() if not k.startswith("lr/") and k != "health/spikes"}
+    """Same tags (lr/*, health/spikes and the monitor's own cost monitor/*, tested on their own, aside)
+    and values within tolerance: log10 ratios absolute, norms relative."""
+    got = {k: v for k, v in logged.items() if not k.startswith(("lr/", "monitor/")) and k != "health/spikes"}
     assert set(got) == set(expected), (sorted(set(got) ^ set(expected)))
     for tag, want in expected.items():
         have = got[tag]

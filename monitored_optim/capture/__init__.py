@@ -40,6 +40,7 @@ from .fused import Fused, chunk_flat, dense_grad
 from .plan import (CLONE as CLONE_ROUTE, FUSED_COPY, FUSED_REBUILD, WHOLE, Entries, Entry, Plan, Planned, Roster,
                    assign_slots, composition, fingerprint, names, route)
 from .rules import RiskMemory, shared, snapshot_reason
+from .spent import FLAT_LABEL, Spent, taken as taken_label
 from .store import PART_ELEMENTS, Part, Workspace, budget, parts
 
 
@@ -62,6 +63,7 @@ class Capture:
         self.budget = PART_ELEMENTS * 4
         self.plan: Plan | None = None
         self._roster: Roster | None = None
+        self.spent = Spent()  # the logging step's costs and routes taken (describe() reads the last)
 
     def use(self, view: View) -> None:
         """Capture with ``view`` from now on (the view bound to the optimizer,
@@ -148,6 +150,7 @@ class Capture:
                 that steps its groups one call at a time); None: all of them.
         """
         plan = self.plan_of(optimizer, known, fuse, cloned)
+        routes = self.spent.record(batch).routes
         self.eager.shared = plan.shared
         entries, leads, unflat, blocks, copies = [], [], [], [], []
         cut = split and elementwise(self.view)
@@ -157,6 +160,7 @@ class Capture:
                 continue
             for item in items:
                 if isinstance(item, list):  # a run of flat entries: copied into their chunks' buffers, no part
+                    routes.update((e.name, FLAT_LABEL) for e in item)
                     entries += item
                     blocks.append(item)
                     continue
@@ -177,6 +181,8 @@ class Capture:
                     for part in parts(p, optimizer.state.get(p, {}), cut, self.budget // p.element_size()):
                         made.append(self.eager.entry(item.name, group, part, reason, lead, work=batch.work))
                         lead = lead or made[-1]
+                routes[item.name] = taken_label(taken, item.clone if taken == CLONE_ROUTE else reason,
+                                                type(self.view).__name__, [e.snapshot for e in made])
                 entries += made
                 unflat += made
                 blocks.append(made[0])
@@ -184,6 +190,7 @@ class Capture:
             leads += block if isinstance(block, list) else [block]
         assign_slots(blocks, batch.slots(len(stats.KINDS) * len(leads)).start)
         befores = self.fused.before(plan.chunks, copies, [e for e in unflat if e.fused], batch)
+        self.spent.copied([*befores, *(x for e in unflat for x in (e.before, e.clone))])
         self.eager.before(batch, [e for e in unflat if not e.fused], grad_scale,
                           grads=bool(self.settings.figures & {"grad_to_data", "norms", "health"}))
         return Entries(entries, leads, unflat, befores)

@@ -1,0 +1,143 @@
+"""What the monitor spent on a logging step, and the route each parameter actually took there.
+
+One small :class:`Record` per logging step, owned by the capture (:attr:`Capture.spent
+<monitored_optim.capture.Capture>`): the bytes the capture copied of p_before (clones, snapshots,
+the flat chunks' buffers, verify mode's clones), counted on the host from the copies' element counts
+and element sizes (no device work, no host read); the host time of the monitor's own stages,
+``time.perf_counter()`` around each (:func:`timed`); and per parameter the route it took, for
+``describe()``. The figures are the ``monitor`` family (:data:`~monitored_optim.tags.FAMILIES`):
+
+* ``monitor/copied_bytes``: bytes of p_before copied at this step, on this rank (each rank counts its
+  own copies; under ``torch.distributed`` rank 0 writes its own);
+* ``monitor/host_seconds``: host time of the capture before and after the base step and of the
+  reduction and figures, up to the figures' delivery (the backends' writing is not in it: it
+  follows). On an asynchronous device (CUDA) this is the time to *launch* the work, plus the one
+  device-to-host copy's wait.
+
+A step that does not log makes no record and reads no clock.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from .fused import SMALL
+
+COPIED_BYTES, HOST_SECONDS = "monitor/copied_bytes", "monitor/host_seconds"
+"""The tags of the ``monitor`` family."""
+
+
+@dataclass(eq=False)
+class Record:
+    """One logging step's costs and routes.
+
+    Attributes:
+        key: the step's batch of sums (a logging step's own object: a new one opens a new record).
+        step: the optimizer step it logged, once it finished (None before).
+        copied: bytes of p_before copied (int).
+        seconds: host seconds of the monitor's stages so far.
+        routes: parameter name -> the route it took, as ``describe()`` shows it.
+    """
+
+    key: Any
+    step: int | None = None
+    copied: int = 0
+    seconds: float = 0.0
+    routes: dict[str, str] = field(default_factory=dict)
+
+
+class Spent:
+    """The capture's per-step records: :attr:`now` (the logging step in progress, or the last one)
+    and :attr:`last` (the last finished logging step's, None before the first)."""
+
+    def __init__(self) -> None:
+        self.now: Record | None = None
+        self.last: Record | None = None
+        self._since: float | None = None  # perf_counter at the start of the stage in progress
+
+    def record(self, key: Any) -> Record:
+        """The record of the logging step whose batch is ``key``: the one in progress, else a new one."""
+        if self.now is None or self.now.key is not key:
+            self.now = Record(key)
+        return self.now
+
+    def copied(self, tensors: Iterable[Tensor | None]) -> None:
+        """Count the bytes of ``tensors`` (copies of p_before; None: none) in the record in progress."""
+        self.now.copied += sum(nbytes(t) for t in tensors if t is not None)
+
+    def figures(self, chosen: Iterable[str]) -> dict[str, float]:
+        """The ``monitor`` family's figures of the record in progress (empty where the family is not in
+        ``chosen`` or no record is open), its host time up to now."""
+        if "monitor" not in chosen or self.now is None:
+            return {}
+        seconds = self.now.seconds + (0.0 if self._since is None else time.perf_counter() - self._since)
+        return {COPIED_BYTES: float(self.now.copied), HOST_SECONDS: seconds}
+
+
+def nbytes(t: Tensor) -> int:
+    """Bytes of ``t``'s elements, from its metadata alone."""
+    return t.numel() * t.element_size()
+
+
+def timed(last: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a stage of a logging step (a method of the :class:`~monitored_optim.monitor.Monitor`,
+    whose ``capture.spent`` it reads): its host time goes into the step's record. ``last``: the
+    stage that ends the logging step, after which its record is :attr:`Spent.last`."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def stage(monitor: Any, *args: Any, **kwargs: Any) -> Any:
+            spent = monitor.capture.spent
+            spent._since = start = time.perf_counter()
+            try:
+                return fn(monitor, *args, **kwargs)
+            finally:
+                spent._since = None
+                if spent.now is not None:  # opened by the capture before the step
+                    spent.now.seconds += time.perf_counter() - start
+                    if last:
+                        spent.last, spent.now.step = spent.now, monitor.step
+        return stage
+    return wrap
+
+
+FLAT_LABEL = f"copied flat (at most {SMALL:,} elements)"
+"""The route of a small parameter copied with the others of its chunk (``fused.SMALL`` elements at most)."""
+
+
+def taken(route: str, reason: str | None, view: str, snapshots: list[Any]) -> str:
+    """The route one parameter took at a logging step, as ``describe()`` shows it.
+
+    Args:
+        route: its route (:func:`~monitored_optim.capture.plan.route`: ``"view"``, ``"snapshot"``, ...).
+        reason: the snapshot rule's reason, or for a clone why it is cloned.
+        view: the view's class name.
+        snapshots: the snapshot of each of its parts as the view's ``before`` left it: a
+            :class:`~monitored_optim.updates.Cloned` where the view fell back to a copy of p_before,
+            a :class:`~monitored_optim.updates.Summed` where it replayed the step for its sums.
+    """
+    from ..updates import Cloned, Summed
+
+    if route == "clone":
+        return f"clone ({reason})"
+    if route in ("snapshot", "fused copy"):
+        return f"snapshot ({reason})" + (", fused" if route == "fused copy" else "")
+    base = f"view ({view})" + (", fused" if route == "fused rebuild" else "")
+    n = len(snapshots)
+    cloned = sum(isinstance(s, Cloned) for s in snapshots)
+    summed = sum(isinstance(s, Summed) for s in snapshots)
+    of = (lambda k: "" if n == 1 else f" ({k} of {n} parts)")
+    told = []
+    if cloned:
+        told.append(f"clone{of(cloned)}: the view fell back to a copy of p_before (it cannot rebuild this step)")
+    if summed:
+        told.append(f"replayed sums{of(summed)}: the view fell back to replaying the step for its sums "
+                    "(its rebuild would miss the stored change), no copy")
+    if not told:
+        return base + (f", in {n} slices" if n > 1 else "")
+    return "; ".join(told) if cloned + summed == n and n == 1 else base + ", " + "; ".join(told)
