@@ -371,7 +371,7 @@ class Monitor:
             if self._engine else None  # DeepSpeed's flat buffers: a group each, sub-groups at stage 3
         figures = self._figures.compute(self.step, everyone, hosted, source, lrs, groups, local)
         self.capture.remember(roster, hosted if everyone is roster else hosted.head(len(roster.names)))
-        figures.update(self.capture.spent.figures(self.settings.figures))  # the monitor's own cost
+        figures.update(self.capture.spent.figures(self.settings.figures, None if reduced is None else reduced.cost))
         self._deliver(figures, everyone)
         for model in (ref() for ref in self._watched):
             if model is not None:
@@ -401,7 +401,7 @@ class Monitor:
         else:  # whole-parameter values and counts
             for e in leads:
                 e.pieces.update({kind: rows[slot] for kind, slot in e.slots.items() if rows[slot] is not None})
-            reduced = sharding.reduce(leads, self._piece_keys, self._ranks)
+            reduced = sharding.reduce(leads, self._piece_keys, self._ranks, self.capture.spent.so_far())
             counts, pairs, present, own = reduced.counts, reduced.pairs, reduced.present, reduced.pieces
             self._tell_left_out(sharding.left_out)
             read = stats.Moments({}, {}, 0, torch.zeros(0)).host(torch.zeros(0, dtype=torch.long),

@@ -7,11 +7,12 @@ and element sizes (no device work, no host read); the host time of the monitor's
 ``time.perf_counter()`` around each (:func:`timed`); and per parameter the route it took, for
 ``describe()``. The figures are the ``monitor`` family (:data:`~monitored_optim.tags.FAMILIES`):
 
-* ``monitor/copied_bytes``: bytes of p_before copied at this step, on this rank (each rank counts its
-  own copies; under ``torch.distributed`` rank 0 writes its own);
+* ``monitor/copied_bytes``: bytes of p_before copied at this step (under ``torch.distributed``, all
+  ranks' copies, summed in the one collective);
 * ``monitor/host_seconds``: host time of the capture before and after the base step and of the
   reduction and figures, up to the figures' delivery (the backends' writing is not in it: it
-  follows). On an asynchronous device (CUDA) this is the time to *launch* the work, plus the one
+  follows); under ``torch.distributed`` the mean over the ranks of their time up to the collective.
+  On an asynchronous device (CUDA) this is the time to *launch* the work, plus the one
   device-to-host copy's wait.
 
 A step that does not log makes no record and reads no clock.
@@ -71,13 +72,23 @@ class Spent:
         """Count the bytes of ``tensors`` (copies of p_before; None: none) in the record in progress."""
         self.now.copied += sum(nbytes(t) for t in tensors if t is not None)
 
-    def figures(self, chosen: Iterable[str]) -> dict[str, float]:
+    def so_far(self) -> tuple[float, float]:
+        """``(bytes copied, host seconds)`` of the record in progress, its host time up to now
+        (zeros where no record is open)."""
+        if self.now is None:
+            return 0.0, 0.0
+        seconds = self.now.seconds + (0.0 if self._since is None else time.perf_counter() - self._since)
+        return float(self.now.copied), seconds
+
+    def figures(self, chosen: Iterable[str], reduced: tuple[float, float] | None = None) -> dict[str, float]:
         """The ``monitor`` family's figures of the record in progress (empty where the family is not in
-        ``chosen`` or no record is open), its host time up to now."""
+        ``chosen`` or no record is open), its host time up to now; ``reduced``: the figures summed over
+        the ranks by the one collective (bytes: all ranks' copies; seconds: their mean), so that every
+        rank has the same."""
         if "monitor" not in chosen or self.now is None:
             return {}
-        seconds = self.now.seconds + (0.0 if self._since is None else time.perf_counter() - self._since)
-        return {COPIED_BYTES: float(self.now.copied), HOST_SECONDS: seconds}
+        copied, seconds = self.so_far() if reduced is None else reduced
+        return {COPIED_BYTES: copied, HOST_SECONDS: seconds}
 
 
 def nbytes(t: Tensor) -> int:

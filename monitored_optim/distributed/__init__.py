@@ -204,13 +204,15 @@ class Sharding:
             out[key] = value
         return out
 
-    def reduce(self, entries: list[Any], keys: dict[str, str], ranks: Ranks) -> Reduced:
+    def reduce(self, entries: list[Any], keys: dict[str, str], ranks: Ranks,
+               cost: tuple[float, float] = (0.0, 0.0)) -> Reduced:
         """Global host values of every entry's pieces: one ``all_reduce`` (:func:`.table.reduce`).
 
         Args:
             entries: the monitor's lead entries, in ``local`` order (``.name``, ``.p``, ``.pieces``).
             keys: every key a piece may have -> its reduction, the same on every rank.
             ranks: the union of the ranks' names (:class:`~.pipeline.Ranks`), kept by the monitor.
+            cost: this rank's ``(bytes copied, host seconds)`` so far, summed over the ranks.
         """
         from .table import reduce
 
@@ -220,7 +222,7 @@ class Sharding:
                 if e.p.grad is not None:
                     e.pieces["grad"] = stats.moments(e.p.grad)
         local = [Remote(e.name, tuple(self.shape(e.p)), str(e.p.dtype), self._whole(e.p)) for e in entries]
-        return reduce(entries, local, [self._held[id(e.p)] for e in entries], keys, ranks, self.left_out)
+        return reduce(entries, local, [self._held[id(e.p)] for e in entries], keys, ranks, self.left_out, cost)
 
 
 class _LocalOptimizer:

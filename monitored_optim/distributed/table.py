@@ -56,6 +56,7 @@ class Reduced:
         names: per parameter its name in the union (this rank's own may be kept apart from another
             rank's parameter of the same name, :class:`~.pipeline.Ranks`).
         remote: the parameters after this rank's own (:class:`~.pipeline.Remote`), monitored elsewhere.
+        cost: the ``monitor`` family over the ranks: ``(bytes all ranks copied, their mean host seconds)``.
     """
 
     def __init__(self, host: list[list[float]], ranks: Ranks, keys: dict[str, str]) -> None:
@@ -72,10 +73,11 @@ class Reduced:
         self.present = torch.tensor(present, dtype=torch.bool).reshape(shape)
         self.remote: list[Remote] = list(ranks.remote)
         self.names: list[str] = list(ranks.names)
+        self.cost = (0.0, 0.0)
 
 
 def reduce(entries: list[Any], local: list[Remote], held: list[Held], keys: dict[str, str], ranks: Ranks,
-           left_out: set[str]) -> Reduced:
+           left_out: set[str], cost: tuple[float, float] = (0.0, 0.0)) -> Reduced:
     """Every entry's pieces summed over the ranks: ONE ``all_reduce`` (SUM) of one float64 table,
     then one device-to-host copy (two of each on a step where a rank's names changed).
 
@@ -90,6 +92,8 @@ def reduce(entries: list[Any], local: list[Remote], held: list[Held], keys: dict
         keys: every key a piece may have -> its reduction, the same on every rank: a block's rows.
         ranks: the union of names, exchanged here at the first call and when names change.
         left_out: where the keys of pieces left out are added.
+        cost: this rank's ``(bytes copied, host seconds)`` so far (the ``monitor`` family), summed in
+            the header: :attr:`Reduced.cost` holds the bytes of all ranks and their mean seconds.
 
     Raises:
         RuntimeError: a rank failed to build its part of the table (raised on every rank after the
@@ -101,14 +105,14 @@ def reduce(entries: list[Any], local: list[Remote], held: list[Held], keys: dict
         changed = tuple(r.name for r in local) != ranks.local
         local_error: Exception | None = None
         try:
-            table = _table(entries, held, keys, ranks, changed, left_out)
+            table = _table(entries, held, keys, ranks, changed, left_out, cost)
         except Exception as err:  # join the collective anyway: a rank that skips it hangs the job
             local_error = err
-            table = _empty(len(ranks.block) * len(keys), ranks.fingerprint, _default_device(), changed)
+            table = _empty(len(ranks.block) * len(keys), ranks.fingerprint, _default_device(), changed, cost)
             table[0, 3] = 1.0
         dist.all_reduce(table, op=dist.ReduceOp.SUM)
         host = table.tolist() if table.device.type == "cpu" else table.cpu().tolist()
-        (count, f_sum, f_sq, failed), (changes, *_) = host[0], host[1]
+        (count, f_sum, f_sq, failed), (changes, copied, seconds, _) = host[0], host[1]
         if failed:
             here = f" (this rank: {type(local_error).__name__}: {local_error})" if local_error else ""
             raise RuntimeError(f"monitored_optim: {int(failed)} rank(s) could not reduce their figures{here}") \
@@ -122,14 +126,16 @@ def reduce(entries: list[Any], local: list[Remote], held: list[Held], keys: dict
                 "monitored_optim: the ranks of the default process group disagree on the parameters they "
                 "monitor, so figures cannot be combined. Every rank must step its monitored optimizer on the "
                 "same steps, with names that mean the same parameter on every rank that holds it.")
-        return Reduced(host, ranks, keys)
+        reduced = Reduced(host, ranks, keys)
+        reduced.cost = (copied, seconds / count)
+        return reduced
     raise AssertionError("unreachable")
 
 
 def _table(entries: list[Any], held: list[Held], keys: dict[str, str], ranks: Ranks, changed: bool,
-           left_out: set[str]) -> Tensor:
+           left_out: set[str], cost: tuple[float, float]) -> Tensor:
     """This rank's table, shape ``(HEADER + K·P, 4)`` float64 (K = ``len(keys)``, P parameters in the
-    union). Row 0: ``(1, f, f², failed)``; row 1: ``(changed, 0, 0, 0)``. Per parameter block b, rows
+    union). Row 0: ``(1, f, f², failed)``; row 1: ``(changed, bytes copied, host seconds, 0)``. Per parameter block b, rows
     ``HEADER + Kb + k`` for the keys in order, columns by reduction: MOMENTS ``(w·n, w·Σx, w·Σx²,
     present)``, SUM and WHOLE ``(w·c, 0, 0, present)``, NORM ``(w·a², w·b², 0, present)``; ``present``
     is 1 where the rank had the piece (unweighted). A rank whose names ``changed`` since the exchange
@@ -150,7 +156,7 @@ def _table(entries: list[Any], held: list[Held], keys: dict[str, str], ranks: Ra
             values.append(value.reshape(-1))
             meta.append((HEADER + len(keys) * block + order[key], w * n, w, float(n > 0), CODE[how]))
     device = values[0].device if values else _default_device()
-    table = _empty(len(ranks.block) * len(keys), ranks.fingerprint, device, changed)
+    table = _empty(len(ranks.block) * len(keys), ranks.fingerprint, device, changed, cost)
     if not values:
         return table
     x = torch.stack([torch.nn.functional.pad(v.to(device=device, dtype=torch.float64), (0, 2 - v.numel()))
@@ -168,10 +174,11 @@ def _table(entries: list[Any], held: list[Held], keys: dict[str, str], ranks: Ra
     return table
 
 
-def _empty(rows: int, fingerprint: float, device: torch.device, changed: bool) -> Tensor:
+def _empty(rows: int, fingerprint: float, device: torch.device, changed: bool,
+           cost: tuple[float, float] = (0.0, 0.0)) -> Tensor:
     """A table of ``rows`` piece rows after the two header rows."""
     table = torch.zeros(HEADER + rows, COLUMNS, dtype=torch.float64, device=device)
-    table[:HEADER, :3] = torch.tensor([[1.0, fingerprint, fingerprint * fingerprint], [float(changed), 0.0, 0.0]],
+    table[:HEADER, :3] = torch.tensor([[1.0, fingerprint, fingerprint * fingerprint], [float(changed), *cost]],
                                       dtype=torch.float64)
     return table
 
