@@ -216,3 +216,54 @@ def test_a_missing_package_fails_at_construction_naming_the_extra(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "comet_ml" else object())
     with pytest.raises(ImportError, match=r"backend 'comet' needs the comet_ml package: pip install 'monitored_optim\[comet\]'"):
         Monitored(torch.optim.SGD)(nn.Linear(2, 2).parameters(), lr=0.1, monitor=MonitorConfig(backend="comet"))
+
+
+def test_lightning_comet_logger_shares_its_experiment(tmp_path, monkeypatch):
+    """Lightning's ``CometLogger`` opens the experiment before ``configure_optimizers``: one archive
+    holds Lightning's metrics at the steps Lightning gives them and every logging step's figures at
+    its optimizer step."""
+    lightning = pytest.importorskip("lightning")
+    from lightning.pytorch.loggers import CometLogger
+    from test_integrations import LitModel, regression
+
+    comet = TRACKERS["comet"]
+    comet.setup(monkeypatch, tmp_path, "lightning-comet")
+    monkeypatch.setenv("COMET_DISABLE_AUTO_LOGGING", "1")  # what CometLogger sets for good, undone after
+    latest: Rows = {}
+    logged: list[tuple[int, str]] = []  # (step, name) of each metric Lightning logs
+
+    class Lit(LitModel):
+        def configure_optimizers(self):
+            return Monitored(torch.optim.AdamW)(self.named_parameters(), lr=1e-2, monitor=MonitorConfig(
+                backend="comet", every=3, logdir=self.logdir))
+
+        def on_train_batch_end(self, *_):
+            opt = self.trainer.optimizers[0]
+            if opt.monitor.step % 3 == 0:
+                latest[opt.monitor.step] = dict(opt.monitor.latest)
+
+    class Logger(CometLogger):
+        def log_metrics(self, metrics, step=None):
+            logged.extend((step, name) for name in metrics if name != "epoch")
+            super().log_metrics(metrics, step)
+
+    logger = Logger(offline_directory=str(tmp_path / "lightning"), project="lightning-comet")
+    trainer = lightning.Trainer(max_steps=30, val_check_interval=10, logger=logger, accelerator="cpu", devices=1,
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                                log_every_n_steps=5)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Lightning's notices (num_workers, cpu)
+            trainer.fit(Lit(True, tmp_path / "monitor"), regression(200, 0), regression(16, 1))
+        opt = trainer.optimizers[0]
+        assert opt.monitor.step == trainer.global_step == 30 and sorted(latest) == list(range(3, 31, 3))
+        opt.monitor.close()
+        assert comet.active() is logger.experiment  # left open for Lightning
+    finally:
+        comet.cleanup()
+    (rows,) = comet.runs(tmp_path)  # one experiment: the logger's
+    expected = as_keys("comet", latest)
+    assert only(rows, set(expected[30])) == expected
+    own = {"train_loss", "val_loss"}
+    assert sorted((step, name) for step, row in rows.items() for name in row if name in own) == sorted(logged)
+    assert {name for _, name in logged} == own
