@@ -103,10 +103,12 @@ def where_logged(settings, run_dir: str | None = None) -> str:
             lines.append(f"TensorBoard events in {settings.logdir}; open with: tensorboard --logdir {settings.logdir}")
         elif backend == "jsonl":
             lines.append(f"JSON lines in {settings.logdir / 'metrics.jsonl'}")
-        else:
+        elif backend == "wandb":
             offline = os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun")
             lines.append(f"W&B run in {run_dir}" + (f"; upload it with: wandb sync {run_dir}" if offline else "")
                          if run_dir else "W&B: no run was opened")
+        else:  # mlflow, trackio, swanlab, comet: in their own stores (docs/guides/looking.md)
+            lines.append(f"{backend}: the figures are in {backend}'s own run (see docs/guides/looking.md)")
     if {"tensorboard", "jsonl"} & set(settings.backends):
         lines.append(f"Table and plot: python -m monitored_optim report {settings.logdir} "
                      f"--plot {settings.logdir / 'update_to_data.png'}")
