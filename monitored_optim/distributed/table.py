@@ -93,7 +93,7 @@ def reduce(entries: list[Any], local: list[Remote], held: list[Held], keys: dict
         ranks: the union of names, exchanged here at the first call and when names change.
         left_out: where the keys of pieces left out are added.
         cost: this rank's ``(bytes copied, host seconds)`` so far (the ``monitor`` family), summed in
-            the header: :attr:`Reduced.cost` holds the bytes of all ranks and their mean seconds.
+            the header: ``Reduced.cost`` holds the bytes of all ranks and their mean seconds.
 
     Raises:
         RuntimeError: a rank failed to build its part of the table (raised on every rank after the
