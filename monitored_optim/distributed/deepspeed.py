@@ -131,13 +131,14 @@ class Layout:
         return born
 
 
-def _fragments(flat: Tensor, sources: list[Tensor], spans: list[tuple[int, int, int]], shards: int | None
+def _fragments(flat: Tensor, sources: list[Tensor], spans: list[tuple[int, int]], shards: int | None
                ) -> list[Held]:
-    """The fragments of ``flat``: per model parameter its ``(start in flat, start in the parameter,
-    numel)``; a fragment that is all of its parameter is shaped like it."""
+    """The fragments of ``flat``: per model parameter its ``(start in flat, numel)`` (where in the
+    parameter they lie does not matter to moments); a fragment that is all of its parameter is
+    shaped like it."""
     out = []
     base = flat.detach().reshape(-1)
-    for source, (start, _, numel) in zip(sources, spans):
+    for source, (start, numel) in zip(sources, spans):
         shape = _shape(source)
         whole = numel == shape.numel()
         local = base[start:start + numel]
@@ -162,7 +163,7 @@ def _fused(w: Any) -> list[tuple[dict[str, Any], list[Held]]]:
     out = []
     for group, flat, lps in zip(w.optimizer.param_groups, w.fp32_groups_flat, w.fp16_groups):
         starts = [sum(p.numel() for p in lps[:i]) for i in range(len(lps))]
-        out.append((group, _fragments(flat, lps, [(s, 0, p.numel()) for s, p in zip(starts, lps)], 1)))
+        out.append((group, _fragments(flat, lps, [(s, p.numel()) for s, p in zip(starts, lps)], 1)))
     return out
 
 
@@ -174,8 +175,7 @@ def _mapped(groups: list[dict[str, Any]], flats: list[Tensor], lp_groups: list[l
         spans = []
         for lp in lps:
             m = getattr(lp, "_hp_mapping", None)
-            spans.append((0, 0, 0) if m is None else
-                         (m.hp_fragment_address.start, m.lp_fragment_address.start, m.hp_fragment_address.numel))
+            spans.append((0, 0) if m is None else (m.hp_fragment_address.start, m.hp_fragment_address.numel))
         out.append((group, _fragments(flat, lps, spans, None)))
     return out
 
@@ -211,7 +211,7 @@ def _zero3(w: Any) -> list[tuple[dict[str, Any], list[Held]]]:
         for lp in lps:
             size = lp.partition_numel()
             first = rank * size
-            spans.append((start, first, max(0, min(size, lp.ds_numel - first))))
+            spans.append((start, max(0, min(size, lp.ds_numel - first))))
             start += size
         out.append((group, _fragments(flat, lps, spans, None)))
     return out
