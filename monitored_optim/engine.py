@@ -26,6 +26,30 @@ def find(monitor: Any, optimizer: torch.optim.Optimizer) -> EngineSteps | None:
     return None if found is None else EngineSteps(monitor, optimizer, *found)
 
 
+class Search:
+    """When a monitor looks for a DeepSpeed wrapper: at the first step, and again when a param group
+    leads with a tensor the optimizer was not built with and not yet looked into (DeepSpeed puts its
+    flat buffers there after a first step taken without it).
+
+    Attributes:
+        born: id -> name of the parameters the optimizer was built with.
+    """
+
+    def __init__(self) -> None:
+        self.born: dict[int, str] = {}
+        self._looked: set[int] = set()  # ids of tensors that led a param group when none was found
+
+    def due(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether to look again: a param group leads with a tensor neither born nor looked into."""
+        return any(group["params"] and id(group["params"][0]) not in self.born
+                   and id(group["params"][0]) not in self._looked for group in optimizer.param_groups)
+
+    def missed(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Note the tensors that lead the param groups now, where no wrapper was found; returns False."""
+        self._looked.update(id(group["params"][0]) for group in optimizer.param_groups if group["params"])
+        return False
+
+
 class EngineSteps:
     """A monitor's count and capture of a DeepSpeed wrapper's steps.
 
@@ -40,7 +64,7 @@ class EngineSteps:
 
     def __init__(self, monitor: Any, optimizer: torch.optim.Optimizer, wrapper: Any, inside: bool) -> None:
         self._monitor = weakref.ref(monitor)
-        self.layout = deepspeed.Layout(wrapper, monitor._born, monitor._model_names)
+        self.layout = deepspeed.Layout(wrapper, monitor._search.born, monitor._model_names)
         self._pending: Any = None  # a logging step in progress
         self._calls = 0  # base steps called during the wrapper's step
         self._last: int | None = None  # id of the flat buffer that ends the step found inside
@@ -95,8 +119,8 @@ class EngineSteps:
     def _begin(self, optimizer: torch.optim.Optimizer) -> None:
         monitor = self._monitor()
         self._calls = 0
-        logs = not (monitor.step + 1) % monitor.settings.every
-        self._pending = monitor._open(optimizer, self.layout) if logs else None
+        self._pending = monitor._open(optimizer, self.layout) if monitor._count.logs_next(monitor.settings.every) \
+            else None
 
     def _end(self, optimizer: torch.optim.Optimizer) -> None:
         monitor = self._monitor()
@@ -106,4 +130,4 @@ class EngineSteps:
         elif pending is not None:
             monitor._finish(optimizer, pending)
         else:
-            monitor._step += 1
+            monitor._count.step += 1

@@ -149,11 +149,12 @@ def tensor_lrs(optimizer: torch.optim.Optimizer) -> dict[int, Tensor]:
             if isinstance(group.get("lr"), Tensor)}
 
 
-def group_lrs(optimizer: torch.optim.Optimizer, read: dict[int, list[float]]) -> list[float | None]:
+def group_lrs(groups: list[dict[str, Any]], read: dict[int, list[float]] | None = None) -> list[float | None]:
     """Each param group's lr as a float: a number as it is, a Tensor lr from ``read`` (its
-    :func:`tensor_lrs` value on the host), None otherwise (``lr=None``)."""
+    :func:`tensor_lrs` value on the host), None otherwise (``lr=None``, or a Tensor not read)."""
+    read = read or {}
     return [read[i][0] if i in read else float(group["lr"]) if isinstance(group.get("lr"), (int, float)) else None
-            for i, group in enumerate(optimizer.param_groups)]
+            for i, group in enumerate(groups)]
 
 
 def learning_rates(optimizer: torch.optim.Optimizer, lrs: list[float | None]) -> dict[str, float]:

@@ -16,10 +16,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .stats import CENTRE_ABOVE, KINDS, RELIABLE_BELOW
+from .stats import CENTRE_ABOVE, KINDS, RELIABLE_BELOW, Moments
 
 if TYPE_CHECKING:
-    from .capture.plan import Entry
+    from .capture.plan import Entries, Entry, Roster
+    from .distributed import Sharding
+    from .distributed.pipeline import Ranks
+    from .distributed.table import Reduced
 
 
 @dataclass(frozen=True)
@@ -158,3 +161,40 @@ def table(entries: list[Entry], captured: list[int], counts: Tensor | list[float
         uncentred = torch.tensor(flags, dtype=torch.bool).reshape(len(counts), len(KINDS))
     n = torch.as_tensor(counts, dtype=torch.float64).reshape(-1, 1)
     return MomentTable(n, pairs[..., 0], pairs[..., 1], uncentred, present)
+
+
+def gather(entries: Entries, roster: Roster, rows: Moments, lr_values: dict[int, Tensor],
+           sharding: Sharding | None = None, keys: dict[str, str] | None = None, ranks: Ranks | None = None,
+           cost: tuple[float, float] = (0.0, 0.0)) -> tuple[Hosted, list[list[float]], Reduced | None]:
+    """A logging step's values on the host: one device-to-host copy per device, or under
+    ``torch.distributed`` one all_reduce (and one host copy for Tensor learning rates).
+
+    Args:
+        entries, roster: the step's entries and parameters.
+        rows: the batch's moments (:meth:`~monitored_optim.stats.Batch.finish`).
+        lr_values: id -> the Tensor learning rates to read.
+        sharding, keys, ranks, cost: under ``torch.distributed``, the step's sharding, every piece key ->
+            its reduction (the table's rows), the union of names and this rank's
+            ``(bytes copied, host seconds)`` (:func:`~monitored_optim.distributed.table.reduce`).
+
+    Returns:
+        ``(hosted, read, reduced)``: the step's :class:`Hosted` (under ``torch.distributed`` over the
+        union of the ranks' parameters, this rank's first), each Tensor lr's value (``[floats]``), and
+        the reduction (None outside ``torch.distributed``).
+    """
+    leads = entries.leads
+    if sharding is None:
+        holding = [i for i in roster.captured if leads[i].pieces]  # a flat entry has none
+        held = [piece for i in holding for piece in leads[i].pieces.values()]
+        index = roster.index
+        pairs, present, extra = rows.host(index, held + list(lr_values.values()))
+        counts = rows.sizes[index[:, 0]]  # p_before's rows cover each parameter once
+        own, read = pieces(leads, holding, extra[:len(held)]), extra[len(held):]
+        return Hosted(table(leads, roster.captured, counts, pairs, present), own), read, None
+    for e in leads:  # whole-parameter values and counts
+        e.pieces.update({kind: rows[slot] for kind, slot in e.slots.items() if rows[slot] is not None})
+    reduced = sharding.reduce(leads, keys, ranks, cost)
+    empty = torch.zeros(0, dtype=torch.long)
+    read = Moments({}, {}, 0, torch.zeros(0)).host(empty, list(lr_values.values()))[2]
+    return Hosted(table(leads, roster.captured, reduced.counts, reduced.pairs, reduced.present), reduced.pieces), \
+        read, reduced

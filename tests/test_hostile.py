@@ -99,7 +99,7 @@ def test_group_without_numeric_lr_and_integer_parameters():
         opt.step()  # SGD itself cannot step with lr=None ...
     assert "param_norm/q" not in opt.monitor.latest and "update_norm/w" in opt.monitor.latest
     from monitored_optim.figures import group_lrs, learning_rates
-    assert group_lrs(opt, {}) == [None] and learning_rates(opt, group_lrs(opt, {})) == {}  # ... but the figures skip it instead of failing
+    assert group_lrs(opt.param_groups, {}) == [None] and learning_rates(opt, group_lrs(opt.param_groups, {})) == {}  # ... but the figures skip it instead of failing
 
 
 def test_callable_positional_argument_that_is_not_a_closure():

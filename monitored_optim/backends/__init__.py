@@ -65,6 +65,43 @@ def open_backend(name: str, logdir: Path) -> Backend:
     raise ValueError(f"unknown backend {name!r}")
 
 
+PACKAGES = {"tensorboard": ("tensorboardX", None), "wandb": ("wandb", "wandb"), "jsonl": (None, None),
+            "mlflow": ("mlflow", "mlflow"), "trackio": ("trackio", "trackio"), "swanlab": ("swanlab", "swanlab"),
+            "comet": ("comet_ml", "comet")}
+"""Backend -> (the module it imports, the extra that installs it)."""
+
+
+def check_installed(names: tuple[str, ...]) -> None:
+    """Fail at construction for a backend whose package is missing.
+
+    Raises:
+        ImportError: naming the backend, its package and the extra that installs it.
+    """
+    import importlib.util
+
+    for name in names:
+        module, extra = PACKAGES[name]
+        if module and importlib.util.find_spec(module) is None:
+            how = f"pip install 'monitored_optim[{extra}]'" if extra else f"pip install {module}"
+            raise ImportError(f"monitored_optim backend {name!r} needs the {module} package: {how}")
+
+
+def make_logdir(names: tuple[str, ...], logdir: Path) -> None:
+    """Create the log directory of the file backends among ``names`` now, so that a bad path fails at
+    construction.
+
+    Raises:
+        OSError: naming the directory and why it cannot be created.
+    """
+    if not set(FILES) & set(names):
+        return
+    try:
+        logdir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OSError(f"monitored_optim cannot create the log directory {str(logdir)!r}: "
+                      f"{err.strerror or err}") from err
+
+
 _WRITERS = itertools.count()
 """Numbers the event files of one process: two writers in one logdir never share a file."""
 

@@ -213,6 +213,12 @@ class Capture:
                 for key, value in made.items():
                     self.eager.add_piece(by_name[name], key, value)
 
+    def may_fuse(self, sharded: bool, grad_scale: Tensor | None, closure: Callable[[], Any] | None) -> bool:
+        """Whether a logging step may take the fused routes: one process, no fused GradScaler's scale,
+        no verify mode, no closure, and no figure family that sees each stored change."""
+        return not (sharded or grad_scale is not None or self.settings.verify or closure is not None
+                    or self.eager.reads_u)
+
     def held(self, group: dict[str, Any]) -> bool:
         """Whether the step just taken left ``group`` unchanged by the optimizer's design
         (:meth:`~monitored_optim.updates.View.held` of the view in use)."""

@@ -4,7 +4,7 @@ One small :class:`Record` per logging step, owned by the capture (:attr:`Capture
 <monitored_optim.capture.Capture>`): the bytes the capture copied of p_before (clones, snapshots,
 the flat chunks' buffers, verify mode's clones), counted on the host from the copies' element counts
 and element sizes (no device work, no host read); the host time of the monitor's own stages,
-``time.perf_counter()`` around each (:func:`timed`); and per parameter the route it took, for
+``time.perf_counter()`` around each (:func:`stage`); and per parameter the route it took, for
 ``describe()``. The figures are the ``monitor`` family (:data:`~monitored_optim.tags.FAMILIES`):
 
 * ``monitor/copied_bytes``: bytes of p_before copied at this step (under ``torch.distributed``, all
@@ -21,11 +21,13 @@ A step that does not log makes no record and reads no clock.
 from __future__ import annotations
 
 import functools
+import gc
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from .fused import SMALL
@@ -96,14 +98,18 @@ def nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def timed(last: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def stage(last: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a stage of a logging step (a method of the :class:`~monitored_optim.monitor.Monitor`,
-    whose ``capture.spent`` it reads): its host time goes into the step's record. ``last``: the
-    stage that ends the logging step, after which its record is :attr:`Spent.last`."""
+    whose ``capture.spent`` it reads): it runs outside compiled graphs (``torch.compiler.disable``)
+    with Python's cyclic garbage collector paused (a stage's few objects per parameter, freed by
+    reference counting, would otherwise trigger collections that scan the training process's whole
+    heap), and its host time goes into the step's record. ``last``: the stage that ends the logging
+    step, after which its record is :attr:`Spent.last`."""
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
-        def stage(monitor: Any, *args: Any, **kwargs: Any) -> Any:
-            spent = monitor.capture.spent
+        def run(monitor: Any, *args: Any, **kwargs: Any) -> Any:
+            spent, was_on = monitor.capture.spent, gc.isenabled()
+            gc.disable()
             spent._since = start = time.perf_counter()
             try:
                 return fn(monitor, *args, **kwargs)
@@ -113,7 +119,9 @@ def timed(last: bool = False) -> Callable[[Callable[..., Any]], Callable[..., An
                     spent.now.seconds += time.perf_counter() - start
                     if last:
                         spent.last, spent.now.step = spent.now, monitor.step
-        return stage
+                if was_on:
+                    gc.enable()
+        return torch.compiler.disable(run)
     return wrap
 
 

@@ -225,6 +225,24 @@ class Sharding:
         return reduce(entries, local, [self._held[id(e.p)] for e in entries], keys, ranks, self.left_out, cost)
 
 
+def tell_left_out(keys: set[str], reductions: dict[str, str], told: set[str]) -> None:
+    """Warn once per key head (heads in ``told`` were warned about; new ones are added) that the
+    sharded reduction left the figures of ``keys`` out, and why (``reductions``: head -> reduction)."""
+    from .._warnings import warn
+    from ..pieces import WHOLE, head
+
+    for first in sorted({head(key) for key in keys} - told):
+        told.add(first)
+        if reductions.get(first) == WHOLE:
+            warn(f"monitored_optim: the {first} figures of matrices sharded across ranks are left out: they "
+                 "describe a whole matrix and each rank holds a shard (gathering the matrix would take a "
+                 "collective per matrix); matrices that every rank holds whole keep them", RuntimeWarning)
+        else:
+            shown = ", ".join(sorted(key.replace(":", "/", 1) for key in keys if head(key) == first))
+            warn(f"monitored_optim: {shown} left out under torch.distributed: only the state tensors of "
+                 "torch's own optimizers have a place in the one collective", RuntimeWarning)
+
+
 class _LocalOptimizer:
     """What the monitor reads instead of a sharded optimizer (see ``Sharding.local``)."""
 
@@ -256,4 +274,4 @@ class _LocalState:
         return isinstance(shard, Tensor) and self.get(shard) is not None
 
 
-__all__ = ["Sharding", "initialized", "is_writer", "sharding"]
+__all__ = ["Sharding", "initialized", "is_writer", "sharding", "tell_left_out"]

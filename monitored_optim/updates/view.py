@@ -99,6 +99,20 @@ OPTIONAL = ("elementwise", "checks_store", "bound", "update_many", "keeps_grad",
 """The capabilities a registered view without the :class:`View` base may leave out (:func:`adopt`)."""
 
 
+def bind(view: View, optimizer: Any) -> View:
+    """``view`` bound to ``optimizer`` (:meth:`View.bound`), adopted (:func:`adopt`).
+
+    Raises:
+        TypeError: what ``bound()`` returned is not a view.
+    """
+    bound = view.bound(optimizer)
+    try:
+        return adopt(bound)
+    except TypeError as err:
+        raise TypeError(f"monitored_optim: {type(view).__name__}.bound() returned {bound!r} for "
+                        f"{type(optimizer).__name__}, not a view ({err})") from err
+
+
 def adopt(view: Any) -> View:
     """``view`` with each capability of :data:`OPTIONAL` it lacks set to :class:`View`'s default, so
     that the monitor uses every view alike; a :class:`View` is returned as is.

@@ -1,0 +1,54 @@
+"""The monitor's count of optimizer steps: the x axis of every logged figure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._warnings import warn
+
+
+class StepCount:
+    """Optimizer steps completed and the last one logged.
+
+    Attributes:
+        step: steps completed (int >= 0; the first ``step()`` makes it 1).
+        logged: the last step logged (0 before the first).
+    """
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.logged = 0
+        self._told_back = False
+
+    def set(self, value: Any) -> None:
+        """Set the count by hand; warns once where it moves below a step already logged.
+
+        Raises:
+            ValueError: ``value`` is not an integer >= 0.
+        """
+        if _valid(value) < self.logged and not self._told_back:
+            self._told_back = True
+            warn(f"monitored_optim: the monitor's step moves back from {self.step} to {value}, below step "
+                 f"{self.logged} that it already logged, so figures will be logged again at steps already "
+                 "used; set opt.monitor.step to the step your checkpoint was saved at", RuntimeWarning)
+        self.step = value
+
+    def resume_at(self, step: Any) -> None:
+        """Continue from ``step``, a loaded checkpoint's count, quietly (a rollback included).
+
+        Raises:
+            ValueError: ``step`` is not an integer >= 0.
+        """
+        self.step = _valid(step)
+        self.logged = min(self.logged, step)
+
+    def logs_next(self, every: int) -> bool:
+        """Whether the next step is a logging step (``step % every == 0`` after it)."""
+        return not (self.step + 1) % every
+
+
+def _valid(value: Any) -> int:
+    """``value`` if it is an integer >= 0 (a bool is not), else ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"opt.monitor.step={value!r} is not valid: expected an integer >= 0")
+    return value

@@ -1,0 +1,87 @@
+"""The last stage of a logging step: its figures to ``latest``, the in-memory history and the backends.
+
+Every rank keeps ``latest`` and the history; under ``torch.distributed`` only rank 0 writes
+``params.json`` and opens the backends. A logging step with more tags than the tag budget goes to
+the dashboards grouped by depth (:mod:`monitored_optim.grouping`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from . import distributed, grouping
+from ._warnings import warn
+from .backends import Fanout
+from .config import Settings
+from .history import History
+
+
+class Delivery:
+    """Where one monitor's figures go.
+
+    Args:
+        settings: the monitor's settings (``prefix``, ``backends``, ``logdir``, ``tag_budget``, ...).
+
+    Attributes:
+        latest: ``dict[str, float]``, tag (with the prefix) -> value of the last logging step.
+        history: the in-memory history of the logging steps (``monitored_optim.history``).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.latest: dict[str, float] = {}
+        self.history = History()
+        self.backends = Fanout(settings.backends, settings.logdir, settings.strict, settings.sinks)
+        self._described: tuple[str, ...] = ()
+        self._told_budget = False
+
+    def send(self, step: int, figures: dict[str, float], roster: Any) -> bool:
+        """Make ``figures`` (tags without the prefix) the ``latest`` of ``step`` and record them; on the
+        writing rank, write ``params.json`` when the parameters changed and send them to the backends.
+
+        ``roster``: the step's parameters (``names``, ``shapes``, ``dtypes``). Returns whether this rank
+        wrote (its backends are open)."""
+        prefix = self.settings.prefix
+        self.latest = {prefix + tag: value for tag, value in figures.items()} if prefix else figures
+        self.history.record(step, self.latest)
+        if not distributed.is_writer():  # under torch.distributed only rank 0 opens and writes backends
+            return False
+        if tuple(roster.names) != self._described and {"tensorboard", "jsonl"} & set(self.settings.backends):
+            self._described = tuple(roster.names)
+            from .describe import write_shapes
+
+            write_shapes(self.settings.logdir / "params.json", prefix,
+                         list(zip(roster.names, roster.shapes, roster.dtypes)))
+        over = len(self.latest) > self.settings.tag_budget
+        self.backends.log(self.latest, step, functools.partial(self._grouped, self.latest) if over else None)
+        return True
+
+    def _grouped(self, latest: dict[str, float]) -> dict[str, float]:
+        """``latest`` grouped by depth for the dashboards (a step over the tag budget); warns once if
+        even that is over it."""
+        compact = grouping.summarize(latest, self.settings.prefix)
+        if len(compact) > self.settings.tag_budget and not self._told_budget:
+            self._told_budget = True
+            warn(f"monitored_optim: {len(compact)} tags per logging step even grouped by depth, above "
+                 f"the tag budget of {self.settings.tag_budget} for TensorBoard, W&B and MLflow; choose what "
+                 "is monitored with MonitorConfig(params=..., figures=...) or raise tag_budget")
+        return compact
+
+    def close(self) -> None:
+        """Flush and close the backends (idempotent)."""
+        self.backends.close()
+
+
+def check_shared(settings: Settings, others: list[Settings]) -> None:
+    """Warn when another live monitor of this process (its ``others`` settings) logs the same tags to
+    the same place.
+
+    Two optimizers built in the same second share the default ``runs/<time>_<host>``, and their
+    figures would overwrite each other."""
+    for same in others:
+        if (same.prefix == settings.prefix and set(same.backends) & set(settings.backends)
+                and same.logdir.resolve() == settings.logdir.resolve()):
+            warn(f"monitored_optim: two monitored optimizers log the same tags to {str(settings.logdir)!r}; "
+                 "give each one MonitorConfig(prefix=...) (or its own logdir) to keep their figures apart")
+            return

@@ -1,0 +1,83 @@
+"""What a monitor shows of its run in a notebook: its plan, its in-memory history, the report's figure and table.
+
+``ReadBack`` is the part of :class:`~monitored_optim.monitor.Monitor` that reads back (it
+uses the monitor's ``_optimizer``, ``_model_names``, ``_delivery`` and ``settings``); none of it
+runs during a step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .capture.plan import names as _names
+
+
+class ReadBack:
+    """``describe()``, ``history()``, ``plot()`` and ``report()`` of ``opt.monitor``."""
+
+    def describe(self) -> str:
+        """What will be measured, for ``print``: the param groups and their hyperparameters, then
+        each parameter's name, shape, dtype, kind and how it is captured and why
+        (:func:`monitored_optim.describe.describe`).
+
+        Raises:
+            RuntimeError: the optimizer this monitor belongs to no longer exists.
+        """
+        from .describe import describe
+
+        optimizer = self._optimizer()
+        if optimizer is None:
+            raise RuntimeError("monitored_optim: the optimizer of this monitor no longer exists")
+        return describe(self, optimizer, self._model_names)
+
+    def history(self) -> Any:
+        """The figures of the logging steps kept in memory, as a pandas ``DataFrame``.
+
+        One row per logging step (index ``step``), one float32 column per tag, NaN where a step did
+        not log it.
+
+        Bounded (``monitored_optim.history``): at most 4,194,304 values (16 MiB) in rows evenly
+        spaced over the whole run, and the last logging step.
+
+        Raises:
+            ImportError: pandas is not installed (``pip install 'monitored_optim[notebook]'``).
+        """
+        return self._delivery.history.frame()
+
+    def plot(self, params: str | None = None) -> Any:
+        """The report's update-to-data figure of this run, from memory, as a matplotlib ``Figure``.
+
+        Jupyter shows it inline; ``fig.savefig("u.png")`` writes it (``monitored_optim.report.draw_run``).
+        ``params``: a glob on parameter names (default: the report's choice of matrices).
+
+        Raises:
+            ReportError: nothing logged yet, matplotlib is missing, or ``params`` matches no parameter.
+        """
+        from .report.plot import draw_run
+
+        return draw_run(self._run(), params=params)
+
+    def report(self, last: int = 20) -> Any:
+        """The report table of this run, from memory, as a ``monitored_optim.report.Summary``.
+
+        Medians cover the ``last`` logging steps (int >= 1); Jupyter renders it as the table and
+        ``print`` as text.
+
+        Raises:
+            ReportError: nothing logged yet.
+        """
+        from .report.summary import summarize
+
+        return summarize(self._run(), last)
+
+    def _run(self) -> Any:
+        """The history as the report's ``Run``, named after the optimizer's class; kinds from shapes."""
+        from pathlib import Path
+
+        from .describe import kind
+
+        optimizer = self._optimizer()
+        groups = [] if optimizer is None else zip(optimizer.param_groups, _names(optimizer, self._model_names))
+        kinds = {self.settings.prefix + n: kind(p) for group, names in groups for n, p in zip(names, group["params"])}
+        label = type(optimizer).__name__ if optimizer is not None else "run"
+        return self._delivery.history.run(Path(self.settings.prefix + label), kinds)
