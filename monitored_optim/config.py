@@ -91,8 +91,8 @@ class MonitorConfig:
         figures: which figure families are computed and sent: a comma-separated string or a list
             from ``update_to_data``, ``grad_to_data``, ``norms``, ``lr``, ``health``,
             ``update_lost``, ``spikes``, ``monitor`` (the monitor's own cost), ``state``,
-            ``spectral``, or ``"all"``. Default: all but
-            ``state`` and ``spectral``. Environment: ``MONITORED_OPTIM_FIGURES``.
+            ``spectral``, ``histograms``, or ``"all"``. Default: all but ``state``, ``spectral``
+            and ``histograms``. Environment: ``MONITORED_OPTIM_FIGURES``.
         tag_budget: the most tags one logging step sends to the dashboards (TensorBoard, W&B, MLflow,
             trackio, SwanLab, Comet; int >= 1,
             default 2000); above it, parameters whose names differ only in a layer index are sent

@@ -25,25 +25,31 @@ class Delivery:
 
     Attributes:
         latest: ``dict[str, float]``, tag (with the prefix) -> value of the last logging step.
+        histograms: ``dict[str, list[int]]``, tag (with the prefix) -> counts of the last logging step.
         history: the in-memory history of the logging steps (``monitored_optim.history``).
     """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.latest: dict[str, float] = {}
+        self.histograms: dict[str, list[int]] = {}
         self.history = History()
         self.backends = Fanout(settings.backends, settings.logdir, settings.strict, settings.sinks)
         self._described: tuple[str, ...] = ()
         self._told_budget = False
 
-    def send(self, step: int, figures: dict[str, float], roster: Any) -> bool:
+    def send(self, step: int, figures: dict[str, float], roster: Any,
+             hists: dict[str, list[int]] | None = None) -> bool:
         """Make ``figures`` (tags without the prefix) the ``latest`` of ``step`` and record them; on the
         writing rank, write ``params.json`` when the parameters changed and send them to the backends.
 
-        ``roster``: the step's parameters (``names``, ``shapes``, ``dtypes``). Returns whether this rank
-        wrote (its backends are open)."""
+        ``roster``: the step's parameters (``names``, ``shapes``, ``dtypes``); ``hists``: the step's
+        histograms, tag (without the prefix) -> counts (:func:`monitored_optim.histograms.of`), kept
+        as :attr:`histograms` and sent after the figures. Returns whether this rank wrote (its
+        backends are open)."""
         prefix = self.settings.prefix
         self.latest = {prefix + tag: value for tag, value in figures.items()} if prefix else figures
+        self.histograms = {prefix + tag: counts for tag, counts in (hists or {}).items()}
         self.history.record(step, self.latest)
         if not distributed.is_writer():  # under torch.distributed only rank 0 opens and writes backends
             return False
@@ -55,6 +61,9 @@ class Delivery:
                          list(zip(roster.names, roster.shapes, roster.dtypes)))
         over = len(self.latest) > self.settings.tag_budget
         self.backends.log(self.latest, step, functools.partial(self._grouped, self.latest) if over else None)
+        if self.histograms:
+            grouped = functools.partial(grouping.summarize_histograms, self.histograms, prefix) if over else None
+            self.backends.histograms(self.histograms, step, grouped)
         return True
 
     def _grouped(self, latest: dict[str, float]) -> dict[str, float]:

@@ -47,8 +47,9 @@ def counts(x: Tensor, scale: Tensor | None = None) -> Tensor:
     """The histogram of ``x``'s finite elements over :data:`EDGES`, on ``x``'s device.
 
     Args:
-        x: a real floating tensor of any shape and dtype (bfloat16/float16 are compared after an
-            exact upcast to float32).
+        x: a floating tensor of any shape, dtype and layout (bfloat16/float16 are compared after an
+            exact upcast to float32; a complex one as its real and imaginary parts; a sparse one
+            with its zeros).
         scale: an optional 0-dim tensor by which ``x`` is multiplied first (the reciprocal of a
             fused GradScaler's power-of-two scale: exact).
 
@@ -56,7 +57,10 @@ def counts(x: Tensor, scale: Tensor | None = None) -> Tensor:
         Float64 tensor of shape ``(NBINS,)``: the counts (whole numbers; float64 so that they add
         with the other pieces, exactly up to 2**53 elements). No host sync.
     """
-    flat = x.detach().reshape(-1)
+    x = x.detach()
+    if x.is_sparse:  # nn.Embedding(sparse=True)'s grad: its zeros count too
+        x = x.to_dense()
+    flat = (torch.view_as_real(x) if x.is_complex() else x).reshape(-1)
     if flat.dtype in (torch.float16, torch.bfloat16):
         flat = flat.float()
     if scale is not None:
@@ -74,3 +78,11 @@ def zeros(n: int, device: torch.device) -> Tensor:
     out = torch.zeros(NBINS, dtype=torch.float64, device=device)
     out[ZERO] = n
     return out
+
+
+def of(names: list[str], pieces: list[dict[str, list[float]]]) -> dict[str, list[int]]:
+    """The logging step's histograms, tag (``update_hist/{name}``, ...) -> counts (:data:`NBINS`
+    ints), from each parameter's host pieces (``names[i]``'s in ``pieces[i]``; empty where the
+    ``histograms`` family is off). Counts reduced over ranks are weighted sums: rounded here."""
+    return {f"{key}/{name}": [round(c) for c in got[key]]
+            for name, got in zip(names, pieces) for key in KEYS.values() if key in got}

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import amp, backends, distributed, engine, families, host, pieces, stats, usage
+from . import amp, backends, distributed, engine, families, histograms, host, pieces, stats, usage
 from .capture import Capture, Workspace, closure_is_first, closure_of, with_grads_of_closure
 from .capture.plan import Entries, born, names as _names, tell_unmapped
 from .capture.spent import stage
@@ -90,11 +90,6 @@ class Monitor(ReadBack):
         check_shared(self.settings, [other.settings for other in list(_ALL)])
         _ALL.add(self)
         amp.install()
-
-    @property
-    def latest(self) -> dict[str, float]:
-        """Tag -> value of the last logging step (empty before it)."""
-        return self._delivery.latest
 
     @property
     def step(self) -> int:
@@ -210,7 +205,8 @@ class Monitor(ReadBack):
                                       cloned=sharding.cloned(self.view) if sharding is not None else frozenset(),
                                       groups=groups)
         pending.entries.extend(entries)
-        return (entries, *with_grads_of_closure(entries.all, pending.batch, args, kwargs, self._closure_first))
+        return (entries, *with_grads_of_closure(entries.all, pending.batch, args, kwargs, self._closure_first,
+                                                self.capture.eager.grads))
 
     @stage()
     def _after(self, pending: _Pending, entries: Entries) -> None:
@@ -240,7 +236,7 @@ class Monitor(ReadBack):
         figures.update(self.capture.spent.figures(self.settings.figures, None if reduced is None else reduced.cost))
         self._count.logged = self.step
         _ALL.add(self)
-        if self._delivery.send(self.step, figures, everyone):
+        if self._delivery.send(self.step, figures, everyone, histograms.of(everyone.names, hosted.pieces)):
             _OPEN.add(self)
         for model in filter(None, (ref() for ref in self._watched)):
             self.health.check_watched(model, self._held_params(optimizer))

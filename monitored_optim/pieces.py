@@ -11,7 +11,8 @@ reduce    value                                      over parts / over ranks (we
 ========  =========================================  ==============================================
 MOMENTS   ``(mean, m2)`` of p, grad or u             merged by :class:`~monitored_optim.stats.Batch`
                                                      / as weighted power sums
-SUM       a count or a sum, shape ``(1,)``           added / weighted sum
+SUM       counts or sums, shape ``(k,)``, k the      added / weighted sum, element by element
+          key's declared width (1 unless declared)
 NORM      L2 norms, shape ``(k,)``                   ``hypot`` / ``sqrt`` of the weighted sum of
                                                      squares
 WHOLE     a value of the whole tensor, ``(1,)``      comes from one part / weighted sum over the
@@ -19,7 +20,8 @@ WHOLE     a value of the whole tensor, ``(1,)``      comes from one part / weigh
 ========  =========================================  ==============================================
 
 The monitor's own keys are :data:`CORE`; a figure family declares the keys it makes in its
-``pieces`` attribute (:class:`~monitored_optim.families.base.Family`).
+``pieces`` attribute and the width of a SUM key of more than one value in ``widths``
+(:class:`~monitored_optim.families.base.Family`; the ``histograms`` family's counts).
 """
 
 from __future__ import annotations
@@ -49,10 +51,25 @@ def declared(families: Iterable[object]) -> dict[str, str]:
     return out
 
 
-def keys(families: Iterable[object]) -> dict[str, str]:
-    """Every full key -> reduction: :data:`CORE` then each family's ``pieces``, in that order (the
-    rows per parameter of the sharded table; ``"p"`` first)."""
-    return {**CORE, **{key: how for fam in families for key, how in getattr(fam, "pieces", {}).items()}}
+class Keys(dict):
+    """Every full key -> its reduction, in the order of the sharded table's rows (``"p"`` first), and
+    each SUM key's width: how many values a parameter's piece holds (:meth:`width`)."""
+
+    def __init__(self, how: dict[str, str], widths: Mapping[str, int] | None = None) -> None:
+        super().__init__(how)
+        self.widths = dict(widths or {})
+
+    def width(self, key: str) -> int:
+        """Values per parameter of ``key`` (1 unless declared; a NORM piece's two norms count as one)."""
+        return self.widths.get(key, 1)
+
+
+def keys(families: Iterable[object]) -> Keys:
+    """Every full key -> reduction: :data:`CORE` then each family's ``pieces``, in that order, with the
+    widths the families declare."""
+    fams = list(families)
+    return Keys({**CORE, **{key: how for fam in fams for key, how in getattr(fam, "pieces", {}).items()}},
+                {key: n for fam in fams for key, n in getattr(fam, "widths", {}).items()})
 
 
 def combine(how: str, held: Tensor, value: Tensor) -> Tensor:

@@ -13,7 +13,19 @@ from .capture.plan import names as _names
 
 
 class ReadBack:
-    """``describe()``, ``history()``, ``plot()`` and ``report()`` of ``opt.monitor``."""
+    """``latest``, ``histograms``, ``describe()``, ``history()``, ``plot()`` and ``report()`` of ``opt.monitor``."""
+
+    @property
+    def latest(self) -> dict[str, float]:
+        """Tag -> value of the last logging step (empty before it)."""
+        return self._delivery.latest
+
+    @property
+    def histograms(self) -> dict[str, list[int]]:
+        """Tag (``update_hist/{name}``, ``grad_hist/{name}``, ``param_hist/{name}``) -> the counts of
+        the last logging step in the bins of :mod:`monitored_optim.histograms` (``NBINS`` ints each);
+        empty unless ``MonitorConfig(figures=...)`` turns the ``histograms`` family on."""
+        return self._delivery.histograms
 
     def describe(self) -> str:
         """What will be measured, for ``print``: the param groups and their hyperparameters, then

@@ -272,8 +272,10 @@ def closure_of(args: tuple[Any, ...], kwargs: dict[str, Any], closure_first: boo
 
 
 def with_grads_of_closure(entries: list[Entry], batch: stats.Batch, args: tuple[Any, ...], kwargs: dict[str, Any],
-                          closure_first: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The ``step()`` arguments with the closure wrapped so that the grad sums are those its first call makes.
+                          closure_first: bool, record: Callable[..., None] = record_grads
+                          ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The ``step()`` arguments with the closure wrapped so that the grad sums are those its first call
+    makes (``record(batch, entries, None)``: :meth:`~monitored_optim.capture.eager.Eager.grads`).
 
     A closure-driven step (``SGD.step(closure)``, ``LBFGS``) computes the gradient inside
     ``step()``; what ``p.grad`` held before is stale or ``None``.
@@ -292,7 +294,7 @@ def with_grads_of_closure(entries: list[Entry], batch: stats.Batch, args: tuple[
                 if e.part is not None:
                     e.part.regrad()
             with torch.no_grad():
-                record_grads(batch, entries, None)
+                record(batch, entries, None)
         return loss
 
     if "closure" in kwargs:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import pieces, stats
+from .. import histograms, pieces, stats
 from ..families.base import Family
 from ..updates import Cloned, Rows, Summed, View, rebuild
 from ..updates.clone import fetched
@@ -38,7 +38,8 @@ class Eager:
                  centring: stats.CentringMemory) -> None:
         self.view, self.verify, self.families = view, verify, families
         self.reductions, self.centring = reductions, centring
-        self.reads_u = any(type(fam).part is not Family.part for fam in families)  # a family sees each u
+        self.binned = any(fam.binned for fam in families)  # p, grad and u binned (the histograms family)
+        self.reads_u = self.binned or any(type(fam).part is not Family.part for fam in families)  # each u seen
         self.shared: set[int] = set()  # ids of this step's parameters whose storage is shared
 
     def entry(self, name: str, group: dict[str, Any], part: Part, reason: str | None, lead: Entry | None,
@@ -72,7 +73,21 @@ class Eager:
         """The sums of p_before and, where ``grads``, of each grad as the step uses it, into ``batch``."""
         record(batch, entries, "p", [e.p for e in entries], self.centred(entries, "p"))
         if grads:
-            record_grads(batch, entries, grad_scale, self.centred(entries, "grad"))
+            self.grads(batch, entries, grad_scale, self.centred(entries, "grad"))
+
+    def grads(self, batch: stats.Batch, entries: list[Entry], grad_scale: Tensor | None,
+              centre: list[bool] | None = None) -> None:
+        """The sums of each grad as the step uses it (:func:`record_grads`) and, where histograms are
+        on, its counts (replacing those of grads recorded before: a closure makes new ones)."""
+        record_grads(batch, entries, grad_scale, centre)
+        if not self.binned:
+            return
+        scale = None if grad_scale is None else grad_scale.detach().float().reciprocal()
+        for e in entries:
+            e.owner.pieces.pop(histograms.KEYS["grad"], None)
+        for e in entries:
+            if e.p.grad is not None:
+                self.add_piece(e.owner, histograms.KEYS["grad"], histograms.counts(e.p.grad, scale))
 
     def after(self, chunk: list[Entry], states: list[dict[str, Any]], batch: stats.Batch) -> None:
         """Measure the stored change of each part of one chunk; its sums go to ``batch``.
@@ -128,6 +143,10 @@ class Eager:
         p, before, clone = cut(e.p), cut(e.before), cut(e.clone)
         before = before if before is None else fetched(before, p)  # a staged snapshot, back one part at a time
         u, meant = stored_change(p, result, before, e.extremes, work, meant=self.verify or p.dtype in LOW_PRECISION)
+        if self.binned:
+            changed = histograms.zeros(stats.count(p), p.device) if u is None else histograms.counts(u)
+            self.add_piece(e.owner, histograms.KEYS["u"], changed)
+            self.add_piece(e.owner, histograms.KEYS["param"], histograms.counts(p))
         if u is None:  # the view says nothing moved; verify mode checks that against its clone
             if clone is not None:
                 truth = Cloned(clone).update(p)

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .. import stats
-from ..pieces import MOMENTS, NORM, SUM, WHOLE
+from ..pieces import MOMENTS, NORM, SUM, WHOLE, Keys
 from .held import Held
 from .pipeline import Ranks, Remote
 
@@ -59,7 +59,7 @@ class Reduced:
         cost: the ``monitor`` family over the ranks: ``(bytes all ranks copied, their mean host seconds)``.
     """
 
-    def __init__(self, host: list[list[float]], ranks: Ranks, keys: dict[str, str]) -> None:
+    def __init__(self, host: list[list[float]], ranks: Ranks, keys: Keys) -> None:
         self.counts: list[float] = []
         pairs, present, self.pieces = [], [], []
         for name in ranks.names:
@@ -76,7 +76,7 @@ class Reduced:
         self.cost = (0.0, 0.0)
 
 
-def reduce(entries: list[Any], local: list[Remote], held: list[Held], keys: dict[str, str], ranks: Ranks,
+def reduce(entries: list[Any], local: list[Remote], held: list[Held], keys: Keys, ranks: Ranks,
            left_out: set[str], cost: tuple[float, float] = (0.0, 0.0)) -> Reduced:
     """Every entry's pieces summed over the ranks: ONE ``all_reduce`` (SUM) of one float64 table,
     then one device-to-host copy (two of each on a step where a rank's names changed).
@@ -132,17 +132,18 @@ def reduce(entries: list[Any], local: list[Remote], held: list[Held], keys: dict
     raise AssertionError("unreachable")
 
 
-def _table(entries: list[Any], held: list[Held], keys: dict[str, str], ranks: Ranks, changed: bool,
+def _table(entries: list[Any], held: list[Held], keys: Keys, ranks: Ranks, changed: bool,
            left_out: set[str], cost: tuple[float, float]) -> Tensor:
-    """This rank's table, shape ``(HEADER + K·P, 4)`` float64 (K = ``len(keys)``, P parameters in the
-    union). Row 0: ``(1, f, f², failed)``; row 1: ``(changed, bytes copied, host seconds, 0)``. Per parameter block b, rows
-    ``HEADER + Kb + k`` for the keys in order, columns by reduction: MOMENTS ``(w·n, w·Σx, w·Σx²,
-    present)``, SUM and WHOLE ``(w·c, 0, 0, present)``, NORM ``(w·a², w·b², 0, present)``; ``present``
-    is 1 where the rank had the piece (unweighted). A rank whose names ``changed`` since the exchange
+    """This rank's table, shape ``(HEADER + K·P, 4)`` float64 (K rows per parameter, :func:`rows`; P
+    parameters in the union). Row 0: ``(1, f, f², failed)``; row 1: ``(changed, bytes copied, host
+    seconds, 0)``. Per parameter block b, from row ``HEADER + Kb``, the keys' rows in order, columns
+    by reduction: MOMENTS ``(w·n, w·Σx, w·Σx², present)``, SUM and WHOLE ``(w·c, 0, 0, present)``
+    (a wide SUM piece ``(w·c_3j, w·c_3j+1, w·c_3j+2, present)`` in its j-th row), NORM
+    ``(w·a², w·b², 0, present)``; ``present`` is 1 where the rank had the piece (unweighted). A rank whose names ``changed`` since the exchange
     sends only its header. Built with one stack of the pieces, one small host-to-device copy and
     one scatter."""
-    order = {key: i for i, key in enumerate(keys)}
-    values, meta = [], []  # meta per piece: (table row, w·n, w, n > 0, reduction code)
+    at, per = rows(keys)
+    values, meta, wide, wide_meta = [], [], [], []  # meta per piece: (table row, w·n, w, n > 0, reduction code)
     for e, h in zip(entries, held):
         key = ranks.key.get(e.name)
         if key is None or changed:
@@ -153,10 +154,17 @@ def _table(entries: list[Any], held: list[Held], keys: dict[str, str], ranks: Ra
             if how is None or (how == WHOLE and h.split):
                 left_out.add(key)
                 continue
+            row = HEADER + per * block + at[key]
+            if keys.width(key) > 1:  # a wide SUM piece: three values a row
+                wide.append(value.reshape(-1))
+                wide_meta.append((row, keys.width(key), w))
+                continue
             values.append(value.reshape(-1))
-            meta.append((HEADER + len(keys) * block + order[key], w * n, w, float(n > 0), CODE[how]))
-    device = values[0].device if values else _default_device()
-    table = _empty(len(ranks.block) * len(keys), ranks.fingerprint, device, changed, cost)
+            meta.append((row, w * n, w, float(n > 0), CODE[how]))
+    device = values[0].device if values else wide[0].device if wide else _default_device()
+    table = _empty(len(ranks.block) * per, ranks.fingerprint, device, changed, cost)
+    if wide:
+        _put_wide(table, wide, wide_meta)
     if not values:
         return table
     x = torch.stack([torch.nn.functional.pad(v.to(device=device, dtype=torch.float64), (0, 2 - v.numel()))
@@ -174,6 +182,29 @@ def _table(entries: list[Any], held: list[Held], keys: dict[str, str], ranks: Ra
     return table
 
 
+def rows(keys: Keys) -> tuple[dict[str, int], int]:
+    """Each key's first row in a parameter's block, and the rows of a block: a key of width k takes
+    ``ceil(k / 3)`` rows, three values a row (every other key one)."""
+    at, n = {}, 0
+    for key in keys:
+        at[key] = n
+        n += -(-keys.width(key) // 3)
+    return at, n
+
+
+def _put_wide(table: Tensor, values: list[Tensor], meta: list[tuple[int, int, float]]) -> None:
+    """Write wide SUM pieces into ``table``: each ``(first row, width, weight)`` of ``meta`` takes
+    ``ceil(width / 3)`` rows of ``w·value`` three values a row, its present column 1."""
+    blocks, index = [], []
+    for value, (row, width, w) in zip(values, meta):
+        n = -(-width // 3)
+        padded = torch.nn.functional.pad(value.to(device=table.device, dtype=torch.float64), (0, 3 * n - value.numel()))
+        blocks.append(torch.cat([w * padded.reshape(n, 3), torch.ones(n, 1, dtype=torch.float64, device=table.device)],
+                                1))
+        index += range(row, row + n)
+    table.index_copy_(0, torch.tensor(index, dtype=torch.long).to(table.device), torch.cat(blocks))
+
+
 def _empty(rows: int, fingerprint: float, device: torch.device, changed: bool,
            cost: tuple[float, float] = (0.0, 0.0)) -> Tensor:
     """A table of ``rows`` piece rows after the two header rows."""
@@ -183,16 +214,21 @@ def _empty(rows: int, fingerprint: float, device: torch.device, changed: bool,
     return table
 
 
-def _hosted(host: list[list[float]], block: int, keys: dict[str, str]) -> tuple[float, dict[str, list[float]]]:
+def _hosted(host: list[list[float]], block: int, keys: Keys) -> tuple[float, dict[str, list[float]]]:
     """``(n, got)`` of one parameter's block of the reduced host table: its element count and its
-    value of every piece that some rank had (a NORM piece: its two norms)."""
-    rows = host[HEADER + len(keys) * block: HEADER + len(keys) * (block + 1)]
-    n = float(round(rows[0][0]))  # the first key is "p", whose w·n sum over ranks is N
+    value of every piece that some rank had (a NORM piece: its two norms; a wide SUM piece: its
+    ``width`` values)."""
+    at, per = rows(keys)
+    held = host[HEADER + per * block: HEADER + per * (block + 1)]
+    n = float(round(held[0][0]))  # the first key is "p", whose w·n sum over ranks is N
     got: dict[str, list[float]] = {}
-    for (key, how), (a, b, c, present) in zip(keys.items(), rows):
+    for key, how in keys.items():
+        a, b, c, present = held[at[key]]
         if not present:
             continue
-        if how == MOMENTS:
+        if keys.width(key) > 1:
+            got[key] = [x for row in held[at[key]:at[key] - (-keys.width(key) // 3)] for x in row[:3]][:keys.width(key)]
+        elif how == MOMENTS:
             mean = b / n if n > 0 else 0.0
             got[key] = [mean, max(c - b * mean, 0.0)] if n > 0 else [0.0, 0.0]
         elif how == NORM:

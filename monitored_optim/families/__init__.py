@@ -1,4 +1,5 @@
-"""Figure families beyond the core figures: per-layer spikes, optimizer-state health, spectral size.
+"""Figure families beyond the core figures: per-layer spikes, optimizer-state health, spectral size,
+histograms.
 
 Each family is a small object registered in :data:`REGISTRY` under its name in
 ``MonitorConfig(figures=...)``. The monitor calls, for the families the configuration turns on:
@@ -23,6 +24,7 @@ from typing import Any
 
 from ..host import MomentTable
 from .base import Family
+from .histograms import Histograms
 from .spectral import Spectral
 from .spikes import Spikes
 from .state import OptimizerState
@@ -49,7 +51,8 @@ class Step:
     shapes: list[Any]
 
 
-REGISTRY: dict[str, type] = {"spikes": Spikes, "state": OptimizerState, "spectral": Spectral}
+REGISTRY: dict[str, type] = {"spikes": Spikes, "state": OptimizerState, "spectral": Spectral,
+                             "histograms": Histograms}
 """Family name (as in ``MonitorConfig.figures``) -> its class, built once per monitor."""
 
 def build(chosen: frozenset[str]) -> list[Family]:

@@ -15,6 +15,13 @@ class Family:
     """Every key its device pieces may have -> its reduction (:mod:`monitored_optim.pieces`); a key
     ``head:anything`` reduces as its head's."""
 
+    widths: dict[str, int] = {}
+    """Values per parameter of each SUM key of ``pieces`` that holds more than one."""
+
+    binned = False
+    """Whether the capture bins p, the grad and u of every part for this family
+    (:mod:`monitored_optim.histograms`; the ``histograms`` family)."""
+
     def part(self, name: str, whole: Tensor, u: Tensor, span: slice | None, state: dict[str, Any],
              group: dict[str, Any]) -> dict[str, Tensor]:
         """Device pieces of one part of parameter ``name`` (1-D float64 tensors), from its stored

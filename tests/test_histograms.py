@@ -1,0 +1,134 @@
+"""The ``histograms`` family: update, grad and param counts equal numpy's histogram of the clone truth.
+
+Truth: clones of every parameter and grad before ``step()``; after it, ``numpy.histogram`` over
+``[-inf, *EDGES, inf]`` of the finite elements of p_after - p_before (formed in float64 from the
+stored values), of the grad and of p_after. Counts must be equal, bin for bin, on the tensors real
+models have: LayerNorm weights at exactly 1.0 and biases at 0 (on and around edges), bf16 with many
+updates lost to rounding (exact zeros), warm-up learning rates of 1e-7, an empty parameter.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from monitored_optim import Monitored, MonitorConfig, histograms as H
+
+STEPS = 3
+
+
+def truth(x: torch.Tensor) -> list[int]:
+    """numpy's histogram of ``x``'s finite elements over the declared edges (open outer bins)."""
+    values = x.detach().double().reshape(-1).numpy()
+    return np.histogram(values[np.isfinite(values)], [-np.inf, *H.EDGES, np.inf])[0].tolist()
+
+
+class Net(nn.Module):
+    """A linear layer with its bias at 0, a LayerNorm at exactly 1.0 and 0, a second linear layer and
+    an empty parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(16, 32)
+        nn.init.zeros_(self.fc.bias)
+        self.norm = nn.LayerNorm(32)
+        self.head = nn.Linear(32, 4)
+        self.empty = nn.Parameter(torch.zeros(0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(torch.tanh(self.fc(x)))) + self.empty.sum()
+
+
+def run(opt_cls, dtype, lr, steps=STEPS, step=None, **kwargs):
+    """Train ``Net`` in ``dtype`` with a monitored ``opt_cls`` logging histograms at every step; yield
+    per step (optimizer, the truth per tag)."""
+    net = Net().to(dtype)
+    opt = Monitored(opt_cls)(net.named_parameters(), lr=lr, **kwargs,
+                             monitor=MonitorConfig(backend="none", every=1, figures="histograms"))
+    stepper = step(opt) if step is not None else opt.step
+    for i in range(steps):
+        g = torch.Generator().manual_seed(i)
+        x = torch.randn(8, 16, generator=g).to(dtype)
+        opt.zero_grad()
+        net(x).float().square().mean().backward()
+        before = {n: p.detach().clone() for n, p in net.named_parameters()}
+        grads = {n: p.grad.detach().clone() for n, p in net.named_parameters() if p.grad is not None}
+        stepper()
+        want = {}
+        for n, p in net.named_parameters():
+            want[f"update_hist/{n}"] = truth(p.detach().double() - before[n].double())
+            want[f"param_hist/{n}"] = truth(p)
+            if n in grads:
+                want[f"grad_hist/{n}"] = truth(grads[n])
+        yield opt, want
+
+
+OPTIMIZERS = [
+    pytest.param(torch.optim.AdamW, {}, id="AdamW"),
+    pytest.param(torch.optim.SGD, {"momentum": 0.9}, id="SGD-momentum"),
+    pytest.param(torch.optim.Adam, {"foreach": False}, id="Adam-forloop"),
+    pytest.param(torch.optim.Adagrad, {}, id="Adagrad"),
+    pytest.param(torch.optim.LBFGS, {}, id="LBFGS-clone"),
+]
+
+
+@pytest.mark.parametrize("opt_cls,kwargs", OPTIMIZERS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("lr", [1e-3, 1e-7])
+def test_counts_equal_numpy_histogram_of_the_clone_truth(opt_cls, kwargs, dtype, lr):
+    if opt_cls is torch.optim.LBFGS and dtype is torch.bfloat16:
+        pytest.skip("LBFGS keeps float32 history only")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "monitored_optim: parameter .* has not changed", RuntimeWarning)
+        for opt, want in run(opt_cls, dtype, lr, **kwargs):
+            got = opt.monitor.histograms
+            assert set(got) == set(want)
+            for tag, counts in want.items():
+                assert got[tag] == counts, (tag, np.nonzero(np.subtract(got[tag], counts)))
+    sizes = {n: p.numel() for n, p in Net().named_parameters()}
+    assert all(sum(got[f"update_hist/{n}"]) == sizes[n] for n in sizes)  # every element counted once
+    if dtype is torch.bfloat16 and lr == 1e-7:  # bf16 loses these updates: exact zeros, the zero bin
+        assert got["update_hist/norm.weight"][H.ZERO] == 32
+
+
+def test_the_edges_are_exact_in_every_dtype_and_values_on_them_go_up():
+    """An edge value is the lower end of its bin (numpy's half-open bins), in every dtype; non-finite
+    values are not binned; 0, -0.0 and subnormals are in the zero bin."""
+    edges = torch.tensor(H.EDGES, dtype=torch.float64)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        x = edges[(edges.abs() <= 2.0 ** 15) & (edges.abs() >= 2.0 ** -40)].to(dtype)
+        assert H.counts(x).tolist() == truth(x)
+    special = torch.tensor([0.0, -0.0, 1e-45, -1e-45, float("inf"), float("nan"), 1e30, -1e30])
+    counts = H.counts(special)
+    assert counts[H.ZERO] == 4 and counts[0] == 1 and counts[-1] == 1 and counts.sum() == 6
+    assert H.counts(torch.zeros(0)).sum() == 0 and H.counts(torch.ones(3, dtype=torch.complex64)).sum() == 6
+
+
+def test_a_compiled_step_gives_the_counts_of_the_eager_one():
+    """``torch.compile(opt.step)``: the logging step's capture runs outside the compiled graph and
+    bins the same tensors, so the counts equal the eager run's and the truth."""
+    eager = [dict(opt.monitor.histograms) for opt, _ in run(torch.optim.AdamW, torch.float32, 1e-3)]
+    compiled = []
+    for opt, want in run(torch.optim.AdamW, torch.float32, 1e-3, step=torch.compile):
+        compiled.append(dict(opt.monitor.histograms))
+        assert compiled[-1] == want
+    assert compiled == eager
+
+
+def test_histograms_are_off_by_default_and_with_all_on():
+    net = Net()
+    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), lr=1e-3,
+                                       monitor=MonitorConfig(backend="none", every=1))
+    net(torch.randn(2, 16)).sum().backward()
+    opt.step()
+    assert opt.monitor.histograms == {} and opt.monitor.latest
+    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), lr=1e-3,
+                                       monitor=MonitorConfig(backend="none", every=1, figures="all"))
+    opt.step()
+    assert len(opt.monitor.histograms) == 3 * len(list(net.parameters()))
+    assert not any("_hist/" in tag for tag in opt.monitor.latest)  # not scalar figures
