@@ -13,13 +13,13 @@ from __future__ import annotations
 import functools
 
 FAMILIES = ("update_to_data", "grad_to_data", "norms", "lr", "health", "update_lost", "spikes", "monitor", "state",
-            "spectral")
+            "spectral", "histograms")
 """Figure families ``MonitorConfig.figures`` chooses from (see :data:`PER_PARAMETER` and
 :data:`RUN_WIDE` for their tags)."""
 
 DEFAULT_FAMILIES = ("update_to_data", "grad_to_data", "norms", "lr", "health", "update_lost", "spikes", "monitor")
-"""The families sent by default: all but ``state`` and ``spectral``, which cost passes over the
-optimizer state or matrix products on every logging step (``figures="all"`` adds them)."""
+"""The families sent by default: all but ``state``, ``spectral`` and ``histograms``, which cost passes over the
+optimizer state, matrix products or a count per element on every logging step (``figures="all"`` adds them)."""
 
 PER_PARAMETER = {
     "update_to_data": "update_to_data",
@@ -33,8 +33,12 @@ PER_PARAMETER = {
     "state_norm": "state",
     "update_spectral": "spectral",
     "update_stable_rank": "spectral",
+    "update_hist": "histograms",
+    "grad_hist": "histograms",
+    "param_hist": "histograms",
 }
-"""Head of each per-parameter tag -> its figure family."""
+"""Head of each per-parameter tag -> its figure family (the ``histograms`` family's tags hold the
+counts of fixed bins, :mod:`monitored_optim.histograms`, not a number)."""
 
 KEYED = frozenset({"state_norm"})
 """Per-parameter heads followed by a key before the parameter name."""
