@@ -12,7 +12,8 @@ logging step,
 
 (the median of an even count is the mean of the middle two, as ``statistics.median``). Parameters
 in no group of two or more, and the figures that are not per parameter (``global/*``, ``lr/*``,
-``health/*``), are passed on as they are.
+``health/*``), are passed on as they are. The histograms of a group (``update_hist/{name}``, ...)
+are added bin by bin instead, :func:`summarize_histograms`.
 """
 
 from __future__ import annotations
@@ -60,6 +61,27 @@ def summarize(figures: dict[str, float], prefix: str = "") -> dict[str, float]:
         low, high = min(zip(values, indices)), max(zip(values, indices))
         summary = (low[0], statistics.median(values), high[0], float(low[1]), float(high[1]))
         out.update({f"{base}/{stat}": value for stat, value in zip(STATS, summary)})
+    return out
+
+
+def summarize_histograms(hists: dict[str, list[int]], prefix: str = "") -> dict[str, list[int]]:
+    """``hists`` with each depth group's histograms replaced by their sum, bin by bin.
+
+    The groups are :func:`summarize`'s: ``update_hist/h.0.attn.weight`` ... ``update_hist/h.11.attn.weight``
+    become one ``update_hist/h.*.attn.weight`` holding, in each bin, the count over every layer (the
+    fixed bins of :mod:`monitored_optim.histograms` add). Histograms of parameters in no group pass.
+
+    Args:
+        hists: tag (with ``prefix``) -> the counts of one logging step, a list of ints per tag.
+        prefix: the monitor's tag prefix (``""`` or ``"gen/"``).
+
+    Returns:
+        A new dict of tag -> counts (new lists for the groups, the others as given).
+    """
+    kept, groups = _plan(tuple(hists), prefix)
+    out = {tag: hists[tag] for tag in kept}
+    for base, _, tags in groups:
+        out[base] = [sum(column) for column in zip(*(hists[tag] for tag in tags), strict=True)]
     return out
 
 

@@ -38,7 +38,8 @@ PER_PARAMETER = {
     "grad_hist": "histograms",
     "param_hist": "histograms",
 }
-"""Head of each per-parameter tag -> its figure family."""
+"""Head of each per-parameter tag -> its figure family (the ``histograms`` family's tags hold the
+counts of fixed bins, :mod:`monitored_optim.histograms`, not a number)."""
 
 KEYED = frozenset({"state_norm"})
 """Per-parameter heads followed by a key before the parameter name."""

@@ -18,7 +18,11 @@ from . import lock
 
 
 class Backend(Protocol):
-    """A sink for figures: ``log`` once per logging step, ``close`` once at the end."""
+    """A sink for figures: ``log`` once per logging step, ``close`` once at the end.
+
+    A backend that shows histograms also has ``histograms(hists, step)`` (tag -> the counts of the
+    fixed bins of :mod:`monitored_optim.histograms`), called after ``log`` on the logging steps
+    that have them; one that cannot may say why in a class attribute ``NO_HISTOGRAMS``."""
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         """Record ``metrics`` (tag -> finite float) at optimizer step ``step`` (int >= 1)."""
@@ -137,6 +141,7 @@ class Fanout:
         self.sinks = {_sink_name(sink, i): sink for i, sink in enumerate(sinks)}
         self._open: dict[str, Backend] | None = None
         self._release: weakref.finalize | None = None
+        self._told: set[str] = set()
 
     def log(self, metrics: dict[str, float], step: int,
             compact: Callable[[], dict[str, float]] | None = None) -> None:
@@ -145,6 +150,29 @@ class Fanout:
         ``compact``, when given, makes what goes to the dashboards (:data:`GROUPED`) instead (the figures grouped
         by depth, for a step over the tag budget), called once and only where one of them is open;
         ``metrics.jsonl`` and the user's sinks always get ``metrics``."""
+        self._send("log", metrics, step, compact)
+
+    def histograms(self, hists: dict[str, list[int]], step: int,
+                   compact: Callable[[], dict[str, list[int]]] | None = None) -> None:
+        """Send the histograms of ``step`` to every working backend that shows histograms.
+
+        Args:
+            hists: tag (``[prefix/]update_hist/fc1.weight``, ``grad_hist/...``, ``param_hist/...``)
+                -> the counts of the :data:`~monitored_optim.histograms.NBINS` fixed bins (ints).
+            step: the optimizer step, as in the :meth:`log` of the same logging step just before.
+            compact: as :meth:`log`'s: makes the histograms grouped by depth
+                (:func:`~monitored_optim.grouping.summarize_histograms`) for the dashboards
+                (:data:`GROUPED`); ``histograms.jsonl`` and the user's sinks get ``hists``.
+
+        A backend without a histogram type (MLflow, SwanLab) is warned about once and skipped; a user's
+        sink gets ``sink.histograms(hists, step)`` only if it has that method (silently otherwise).
+        A backend that fails here is dropped as in :meth:`log`.
+        """
+        self._send("histograms", hists, step, compact)
+
+    def _send(self, method: str, sent: dict, step: int, compact: Callable[[], dict] | None) -> None:
+        """``backend.<method>(sent, step)`` on every open backend (opening them the first time),
+        the dashboards getting ``compact()`` instead when it is given; a failing one is dropped."""
         if self._open is None:
             opened = {name: self._guard(name, open_backend, name, self.logdir) for name in self.names}
             if set(FILES) & set(self.names):
@@ -154,15 +182,29 @@ class Fanout:
             self._open.update({name: _Sink(sink) for name, sink in self.sinks.items()})
         grouped = None
         for name, backend in list(self._open.items()):
-            sent = metrics
+            action = getattr(backend, method, None)
+            if action is None:
+                self._cannot(name, backend, method)
+                continue
+            given = sent
             if compact is not None and name in GROUPED:
-                grouped = sent = grouped if grouped is not None else compact()
-            if self._guard(name, backend.log, sent, step) is _FAILED:
+                grouped = given = grouped if grouped is not None else compact()
+            if self._guard(name, action, given, step) is _FAILED:
                 del self._open[name]
                 try:
                     backend.close()
                 except Exception:  # already reported: it is failing
                     pass
+
+    def _cannot(self, name: str, backend: Backend, method: str) -> None:
+        """Say once per backend that it shows no histograms (``method``: what it lacks), and why."""
+        if name in self._told:
+            return
+        self._told.add(name)
+        why = getattr(backend, "NO_HISTOGRAMS", f"it has no {method} method")
+        warn(f"monitored_optim: the {name} backend shows no histograms ({why}): update_hist/, grad_hist/ "
+             f"and param_hist/ are left out there (TensorBoard, W&B, trackio, Comet and the jsonl "
+             f"backend's histograms.jsonl have them)", UserWarning)
 
     def close(self) -> None:
         """Close every open backend (idempotent); a later ``log`` opens them again."""
@@ -196,6 +238,12 @@ class _Sink:
     def log(self, metrics: dict[str, float], step: int) -> None:
         log = getattr(self._sink, "log", None)
         (log if callable(log) else self._sink)(dict(metrics), step)
+
+    def histograms(self, hists: dict[str, list[int]], step: int) -> None:
+        """The object's ``histograms(hists, step)`` with a copy of the counts, if it has one; else nothing."""
+        histograms = getattr(self._sink, "histograms", None)
+        if callable(histograms):
+            histograms({tag: list(counts) for tag, counts in hists.items()}, step)
 
     def close(self) -> None:
         close = getattr(self._sink, "close", None)

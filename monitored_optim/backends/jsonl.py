@@ -1,4 +1,5 @@
-"""JSON-lines backend: ``{logdir}/metrics.jsonl``, one object per logging step."""
+"""JSON-lines backend: ``{logdir}/metrics.jsonl``, one object per logging step, and
+``{logdir}/histograms.jsonl``, one object per logging step with histograms."""
 
 from __future__ import annotations
 
@@ -7,32 +8,76 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
+from ..histograms import EDGES
+from .bins import check, trimmed
 
-class JsonlBackend:
-    """Appends ``{"step": N, "<tag>": <float>, ...}`` and a newline per logging step.
+
+class Lines:
+    """A file of JSON lines, appended to one object at a time.
 
     Each line goes to the file in one unbuffered ``write`` on a file opened for appending, so it is
-    on disk when ``log`` returns and lines of several writers sharing the file never interleave.
+    on disk when :meth:`write` returns and lines of several writers sharing the file never interleave.
     A row always starts a line: after a file that ends mid-line (a run killed while writing a row,
     or a write a full disk cut short), a newline goes before it, leaving the cut row on a line of
     its own, which the report skips.
 
+    Raises:
+        OSError: the file cannot be opened or written.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = open(path, "a+b", buffering=0)
+        self._mid_line = _ends_mid_line(self._file)
+
+    def write(self, row: dict) -> None:
+        """Append ``row`` (JSON-serializable) as one line."""
+        data = (("\n" if self._mid_line else "") + json.dumps(row) + "\n").encode()
+        self._mid_line = self._file.write(data) < len(data)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class JsonlBackend:
+    """Appends ``{"step": N, "<tag>": <float>, ...}`` and a newline per logging step to
+    ``metrics.jsonl`` (a :class:`Lines` file), and the step's histograms to ``histograms.jsonl``.
+
     Example line: ``{"step": 10, "update_to_data/fc1.weight": -2.97, "global/grad_norm": 0.41}``.
+
+    ``histograms.jsonl`` is created at the first :meth:`histograms` (a run without the
+    ``histograms`` family has none). Each line holds one logging step: the step, the bins' 114
+    edges (:data:`~monitored_optim.histograms.EDGES`) and, per tag, the counts from the first to the
+    last non-empty bin (``start`` is the index of the first; an empty histogram is
+    ``{"start": 0, "counts": []}``). Example line, edges cut short::
+
+        {"step": 10, "edges": [-65536.0, ..., 65536.0], "update_hist/fc1.weight": {"start": 40, "counts": [3, 0, 57]}}
     """
 
     def __init__(self, logdir: Path) -> None:
         logdir.mkdir(parents=True, exist_ok=True)
         self.path = logdir / "metrics.jsonl"
-        self._file = open(self.path, "a+b", buffering=0)
-        self._mid_line = _ends_mid_line(self._file)
+        self._lines = Lines(self.path)
+        self._histograms: Lines | None = None
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        line = ("\n" if self._mid_line else "") + json.dumps({"step": step, **metrics}) + "\n"
-        data = line.encode()
-        self._mid_line = self._file.write(data) < len(data)
+        self._lines.write({"step": step, **metrics})
+
+    def histograms(self, hists: dict[str, list[int]], step: int) -> None:
+        """Append one line of ``hists`` (tag -> :data:`~monitored_optim.histograms.NBINS` counts) at ``step``."""
+        row: dict = {"step": step, "edges": list(EDGES)}
+        for tag, counts in hists.items():
+            check(counts)
+            start, kept = trimmed(counts)
+            row[tag] = {"start": start, "counts": kept}
+        if self._histograms is None:
+            self._histograms = Lines(self.path.with_name("histograms.jsonl"))
+        self._histograms.write(row)
 
     def close(self) -> None:
-        self._file.close()
+        self._lines.close()
+        if self._histograms is not None:
+            self._histograms.close()
 
 
 def _ends_mid_line(file: BinaryIO) -> bool:

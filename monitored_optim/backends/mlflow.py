@@ -55,6 +55,8 @@ class MlflowBackend:
         mlflow.exceptions.MlflowException: the store refuses the run or its metrics.
     """
 
+    NO_HISTOGRAMS = "MLflow has no histogram type: its metrics are single numbers"
+
     def __init__(self) -> None:
         active = mlflow.active_run()
         self._owned = active is None

@@ -46,6 +46,8 @@ class SwanlabBackend:
     Example: ``SwanlabBackend(Path("runs/exp1")).log({"global/grad_norm": 0.5}, step=10)``.
     """
 
+    NO_HISTOGRAMS = "SwanLab has no histogram type: it logs scalars and media (images, audio, text, ECharts)"
+
     def __init__(self, logdir: Path) -> None:
         self._owned = not swanlab.has_run()
         if self._owned:

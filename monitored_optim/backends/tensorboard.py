@@ -12,11 +12,15 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tensorboardX.proto.event_pb2 import Event
-from tensorboardX.proto.summary_pb2 import Summary
+from tensorboardX.proto.summary_pb2 import HistogramProto, Summary
 from tensorboardX.record_writer import masked_crc32c
 from tensorboardX.summary import custom_scalars
 
 from ..tags import FAMILIES, family, split
+from .bins import LIMITS, MIDDLES, check, span
+
+DBL_MAX = 1.7976931348623157e308
+"""The right limit of a histogram's last bucket, as TensorFlow writes it (``std::numeric_limits<double>::max()``)."""
 
 
 class TensorBoardBackend:
@@ -57,6 +61,12 @@ class TensorBoardBackend:
         values = [Summary.Value(tag=tag, simple_value=value) for tag, value in metrics.items()]
         self._write(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
 
+    def histograms(self, hists: dict[str, list[int]], step: int) -> None:
+        """Write one event at ``step`` with a ``HistogramProto`` per tag (:func:`histogram`), for
+        TensorBoard's *Histograms* and *Distributions* tabs; an empty histogram is left out."""
+        values = [Summary.Value(tag=tag, histo=histogram(counts)) for tag, counts in hists.items() if any(counts)]
+        self._write(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
+
     def close(self) -> None:
         self._file.close()
 
@@ -64,6 +74,31 @@ class TensorBoardBackend:
         data = event.SerializeToString()
         header = struct.pack("Q", len(data))
         self._file.write(header + struct.pack("I", masked_crc32c(header)) + data + struct.pack("I", masked_crc32c(data)))
+
+
+def histogram(counts: list[int]) -> HistogramProto:
+    """The ``HistogramProto`` of the counts of the fixed bins (:mod:`monitored_optim.histograms`).
+
+    Only the span from the first to the last non-empty bin is written (TensorBoard drops empty
+    outer buckets when it reads one anyway): ``bucket`` holds those counts and ``bucket_limit``
+    each one's right edge, :data:`DBL_MAX` for the open last bin as TensorFlow writes it. ``min`` and ``max``
+    are the edges bounding the span (an open outer bin's finite edge, ``±2**16``), which TensorBoard
+    takes as the first bucket's left and the last one's right edge. ``sum`` and ``sum_squares`` are
+    approximate: each element counts as the middle of its bin (:data:`~.bins.MIDDLES`).
+
+    Raises:
+        ValueError: ``counts`` is not :data:`~monitored_optim.histograms.NBINS` long.
+    """
+    check(counts)
+    start, stop = span(counts)
+    kept = [float(c) for c in counts[start:stop]]
+    middles = MIDDLES[start:stop]
+    low = LIMITS[start] if start > 0 else LIMITS[1]  # bin 0 is open: its finite edge is its right one
+    high = LIMITS[stop] if stop < len(counts) else LIMITS[-2]
+    return HistogramProto(min=low, max=high, num=sum(kept), sum=sum(c * m for c, m in zip(kept, middles)),
+                          sum_squares=sum(c * m * m for c, m in zip(kept, middles)),
+                          bucket_limit=[*LIMITS[start + 1:stop], LIMITS[stop] if stop < len(counts) else DBL_MAX],
+                          bucket=kept)
 
 
 _CHARTS: dict[str, dict[tuple[str, str], dict[str, list]]] = {}

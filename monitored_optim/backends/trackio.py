@@ -8,6 +8,7 @@ import re
 import trackio
 from trackio import context_vars
 
+from .bins import as_bins
 from .names import Keys
 
 DEFAULT_PROJECT = "monitored_optim"
@@ -55,6 +56,11 @@ class TrackioBackend:
         self._run.log(self._key.rename(metrics), step=step)
         if counter is not None:
             self._run._next_step = counter
+
+    def histograms(self, hists: dict[str, list[int]], step: int) -> None:
+        """Log one row of ``trackio.Histogram`` per non-empty tag (its non-empty span with finite edges)
+        at ``step``, as :meth:`log` logs the figures."""
+        self.log({tag: trackio.Histogram(np_histogram=bins) for tag, bins in as_bins(hists).items()}, step)
 
     def close(self) -> None:
         run, self._run = self._run, None
