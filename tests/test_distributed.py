@@ -575,3 +575,108 @@ def test_every_family_equals_one_process_on_the_global_batch(engine, tmp_path):
             assert ops == exchange + ["c10d.allreduce_.default"] * (step % EVERY == 0), (step, ops)
         spectral = [w for w in res["warnings"] if "spectral figures" in w]
         assert res["warnings"] == spectral and len(spectral) == (engine == "fsdp2"), res["warnings"]
+
+
+# ----- histograms --------------------------------------------------------------------------------
+
+def _full(t):
+    """A DTensor's full tensor (a collective, outside the monitored step), a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _hist_truth(x) -> list[int]:
+    import numpy as np
+
+    from monitored_optim.histograms import EDGES
+
+    values = x.detach().double().reshape(-1).numpy()
+    return np.histogram(values[np.isfinite(values)], [-np.inf, *EDGES, np.inf])[0].tolist()
+
+
+def _histograms(build):
+    """Train the engine ``build(outdir) -> (net, opt, part, parts)`` makes with histograms at every
+    logging step; per logging step the histograms of every rank and the truth from the full tensors."""
+    def run(rank, world, outdir):
+        net, opt, part, parts = build(outdir)
+        out = {}
+        for step in range(1, STEPS + 1):
+            opt.zero_grad()
+            loss_of(net, step, part, parts).backward()
+            logs = step % EVERY == 0
+            if logs:
+                named = list(net.named_parameters())
+                before = {n: _full(p.detach()).clone() for n, p in named}
+                grads = {n: _full(p.grad).clone() for n, p in named if p.grad is not None}
+            opt.step()
+            if logs:
+                truth = {}
+                for n, p in named:
+                    truth[f"update_hist/{canonical('/' + n)[1:]}"] = _hist_truth(_full(p.detach()) - before[n])
+                    truth[f"param_hist/{canonical('/' + n)[1:]}"] = _hist_truth(_full(p.detach()))
+                    if n in grads:
+                        truth[f"grad_hist/{canonical('/' + n)[1:]}"] = _hist_truth(grads[n])
+                got = {f"{t.split('/', 1)[0]}/{canonical('/' + t.split('/', 1)[1])[1:]}": c
+                       for t, c in opt.monitor.histograms.items()}
+                out[step] = (got, truth)
+        return out
+    return run
+
+
+def _hist_config(outdir):
+    return MonitorConfig(backend="jsonl", every=EVERY, logdir=os.path.join(outdir, "logs"), figures="histograms")
+
+
+def _ddp_hist(outdir):
+    net = DDP(model())
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return net, Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT, monitor=_hist_config(outdir)), rank, world
+
+
+def _fsdp2_hist(outdir):
+    net = model()
+    for name in ("fc1", "fc2", "norm", "head"):
+        fully_shard(getattr(net, name))
+    fully_shard(net)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return net, Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT, monitor=_hist_config(outdir)), rank, world
+
+
+def _tp_hist(outdir):
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    net = model()
+    parallelize_module(net, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    for name in ("fc1", "fc2", "norm", "head"):
+        fully_shard(getattr(net, name), mesh=mesh["dp"])
+    fully_shard(net, mesh=mesh["dp"])
+    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT, monitor=_hist_config(outdir))
+    return net, opt, mesh["dp"].get_local_rank(), 2
+
+
+_ddp_hist_run, _fsdp2_hist_run, _tp_hist_run = _histograms(_ddp_hist), _histograms(_fsdp2_hist), _histograms(_tp_hist)
+
+
+@pytest.mark.parametrize("engine,world", [("ddp", 2), ("fsdp2", 2), ("fsdp2 x tp", 4)])
+def test_histograms_of_every_rank_equal_the_full_tensors_and_one_process(engine, world, tmp_path):
+    """Every rank's histograms (their counts summed over the shards in the one collective, weighted
+    where ranks hold replicas) equal numpy's of the full tensors gathered outside the step, bin for
+    bin, and a single process on the global batch (on this data no rounding of the engines' grad
+    averaging moves a value across an edge)."""
+    run = {"ddp": _ddp_hist_run, "fsdp2": _fsdp2_hist_run, "fsdp2 x tp": _tp_hist_run}[engine]
+    results = launch(run, world, tmp_path)
+    net = model()
+    single = Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT, monitor=MonitorConfig(
+        backend="none", every=EVERY, figures="histograms"))
+    for step in range(1, STEPS + 1):
+        single.zero_grad()
+        loss_of(net, step).backward()
+        single.step()
+        if step % EVERY:
+            continue
+        for res in results:
+            got, truth = res[step]
+            assert got == results[0][step][0] and got == truth
+        assert single.monitor.histograms == results[0][step][0]
+    lines = (tmp_path / "logs" / "histograms.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [s for s in range(1, STEPS + 1) if s % EVERY == 0]

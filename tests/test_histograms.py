@@ -73,16 +73,22 @@ OPTIMIZERS = [
     pytest.param(torch.optim.SGD, {"momentum": 0.9}, id="SGD-momentum"),
     pytest.param(torch.optim.Adam, {"foreach": False}, id="Adam-forloop"),
     pytest.param(torch.optim.Adagrad, {}, id="Adagrad"),
-    pytest.param(torch.optim.LBFGS, {}, id="LBFGS-clone"),
+    pytest.param(None, {}, id="own-step-clone"),
 ]
+
+
+class OwnStep(torch.optim.SGD):
+    """A user subclass that overrides ``step``: the clone fallback's route."""
+
+    def step(self, closure=None):
+        return super().step(closure)
 
 
 @pytest.mark.parametrize("opt_cls,kwargs", OPTIMIZERS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("lr", [1e-3, 1e-7])
 def test_counts_equal_numpy_histogram_of_the_clone_truth(opt_cls, kwargs, dtype, lr):
-    if opt_cls is torch.optim.LBFGS and dtype is torch.bfloat16:
-        pytest.skip("LBFGS keeps float32 history only")
+    opt_cls = opt_cls or OwnStep
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "monitored_optim: parameter .* has not changed", RuntimeWarning)
         for opt, want in run(opt_cls, dtype, lr, **kwargs):
@@ -109,12 +115,34 @@ def test_the_edges_are_exact_in_every_dtype_and_values_on_them_go_up():
     assert H.counts(torch.zeros(0)).sum() == 0 and H.counts(torch.ones(3, dtype=torch.complex64)).sum() == 6
 
 
+def test_a_closure_step_bins_the_grads_its_closure_makes():
+    """``opt.step(closure)``: the grads the step uses are those the closure makes inside it (stale
+    zeros before), and those are binned."""
+    net = Net()
+    opt = Monitored(torch.optim.SGD)(net.named_parameters(), lr=1e-2,
+                                     monitor=MonitorConfig(backend="none", every=1, figures="histograms"))
+    made = {}
+
+    def closure():
+        opt.zero_grad()
+        net(torch.randn(4, 16, generator=torch.Generator().manual_seed(3))).square().mean().backward()
+        made.update({n: p.grad.clone() for n, p in net.named_parameters()})
+        return 0.0
+
+    for p in net.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step(closure)
+    for n, g in made.items():
+        assert opt.monitor.histograms[f"grad_hist/{n}"] == truth(g), n
+    assert sum(opt.monitor.histograms["grad_hist/fc.weight"]) == 16 * 32  # replaced, not added to the stale
+
+
 def test_a_compiled_step_gives_the_counts_of_the_eager_one():
     """``torch.compile(opt.step)``: the logging step's capture runs outside the compiled graph and
     bins the same tensors, so the counts equal the eager run's and the truth."""
     eager = [dict(opt.monitor.histograms) for opt, _ in run(torch.optim.AdamW, torch.float32, 1e-3)]
     compiled = []
-    for opt, want in run(torch.optim.AdamW, torch.float32, 1e-3, step=torch.compile):
+    for opt, want in run(torch.optim.AdamW, torch.float32, 1e-3, step=lambda o: torch.compile(o.step)):
         compiled.append(dict(opt.monitor.histograms))
         assert compiled[-1] == want
     assert compiled == eager
@@ -132,3 +160,22 @@ def test_histograms_are_off_by_default_and_with_all_on():
     opt.step()
     assert len(opt.monitor.histograms) == 3 * len(list(net.parameters()))
     assert not any("_hist/" in tag for tag in opt.monitor.latest)  # not scalar figures
+
+
+@pytest.mark.parametrize("opt_cls", [torch.optim.AdamW, OwnStep])
+def test_a_large_parameter_measured_in_parts_is_counted_once_over_its_parts(opt_cls):
+    """A matrix larger than a chunk is captured in parts (each part's p, grad and u binned on its
+    own); the parts' counts add to the whole matrix's."""
+    torch.manual_seed(1)
+    net = nn.Linear(1024, 512)
+    opt = Monitored(opt_cls)(net.named_parameters(), lr=1e-3,
+                             monitor=MonitorConfig(backend="none", every=1, figures="histograms"))
+    for _ in range(2):
+        opt.zero_grad()
+        net(torch.randn(4, 1024)).square().mean().backward()
+        before, grad = net.weight.detach().clone(), net.weight.grad.clone()
+        opt.step()
+        assert "in 8 slices" in opt.monitor.describe() or opt_cls is OwnStep
+        got = opt.monitor.histograms
+        assert got["update_hist/weight"] == truth(net.weight.detach().double() - before.double())
+        assert got["grad_hist/weight"] == truth(grad) and got["param_hist/weight"] == truth(net.weight)

@@ -192,7 +192,7 @@ class Capture:
         befores = self.fused.before(plan.chunks, copies, [e for e in unflat if e.fused], batch)
         self.spent.copied([*befores, *(x for e in unflat for x in (e.before, e.clone))])
         self.eager.before(batch, [e for e in unflat if not e.fused], grad_scale,
-                          grads=bool(self.settings.figures & {"grad_to_data", "norms", "health"}))
+                          grads=bool(self.settings.figures & {"grad_to_data", "norms", "health", "histograms"}))
         return Entries(entries, leads, unflat, befores)
 
     @torch.no_grad()
