@@ -40,37 +40,87 @@ KEYS = {"u": "update_hist", "grad": "grad_hist", "param": "param_hist"}
 """What is binned -> its piece key and tag series: the stored change u, the grad the step used,
 the parameter after the step."""
 
-_EDGES: dict[torch.device, Tensor] = {}
+BITS = {torch.float32: (torch.int32, 23, 8), torch.bfloat16: (torch.int16, 7, 8), torch.float64: (torch.int64, 52, 11)}
+"""Dtype -> (the integer dtype of its bits, mantissa bits, exponent bits): the dtypes binned from
+their bits (float16 is binned as float32, where its subnormals are normal)."""
+
+_FOLDS: dict[tuple[torch.dtype, torch.device], Tensor] = {}
 
 
 def counts(x: Tensor, scale: Tensor | None = None) -> Tensor:
     """The histogram of ``x``'s finite elements over :data:`EDGES`, on ``x``'s device.
 
+    Each element's bin comes from its bits (:func:`keys`): its sign and the exponent of ``|x|``,
+    of ``|x|`` less one unit in the last place for a negative one (so that ``-2**k`` is the lower end
+    of its bin, as numpy's half-open bins have it). The keys are counted with one ``index_add_``
+    (no host sync, unlike ``bincount`` on CUDA) and folded into the bins (:func:`fold`).
+
     Args:
-        x: a floating tensor of any shape, dtype and layout (bfloat16/float16 are compared after an
-            exact upcast to float32; a complex one as its real and imaginary parts; a sparse one
-            with its zeros).
+        x: a floating tensor of any shape, dtype and layout (float16 is binned after an exact upcast
+            to float32; a complex one as its real and imaginary parts; a sparse one with its zeros).
         scale: an optional 0-dim tensor by which ``x`` is multiplied first (the reciprocal of a
-            fused GradScaler's power-of-two scale: exact).
+            fused GradScaler's scale: exact for a power of two).
 
     Returns:
         Float64 tensor of shape ``(NBINS,)``: the counts (whole numbers; float64 so that they add
-        with the other pieces, exactly up to 2**53 elements). No host sync.
+        with the other pieces, exactly up to 2**53 elements).
     """
     x = x.detach()
     if x.is_sparse:  # nn.Embedding(sparse=True)'s grad: its zeros count too
         x = x.to_dense()
     flat = (torch.view_as_real(x) if x.is_complex() else x).reshape(-1)
-    if flat.dtype in (torch.float16, torch.bfloat16):
+    if flat.dtype not in BITS:
         flat = flat.float()
     if scale is not None:
         flat = flat * scale.to(flat.dtype)
-    edges = _EDGES.get(flat.device)
-    if edges is None:
-        edges = _EDGES[flat.device] = torch.tensor(EDGES, dtype=torch.float32, device=flat.device)
-    index = torch.bucketize(flat, edges.to(flat.dtype), right=True)
-    index = torch.where(flat.isfinite(), index, NBINS)  # non-finite: one bin past the last, dropped
-    return torch.bincount(index, minlength=NBINS + 1)[:NBINS].double()
+    key = keys(flat)
+    table = fold(flat.dtype, flat.device)
+    held = torch.zeros(len(table), dtype=torch.int64, device=flat.device)
+    held.index_add_(0, key, torch.ones(1, dtype=torch.int64, device=flat.device).expand(key.numel()))
+    return torch.zeros(NBINS + 1, dtype=torch.float64, device=flat.device).index_add_(0, table, held.double())[:NBINS]
+
+
+def keys(flat: Tensor) -> Tensor:
+    """Each element's key, from its bits: ``E`` (the biased exponent) for a positive element,
+    ``E' + top + 2`` for a negative one (``E'`` that of ``|x|`` less one unit in the last place, -1
+    for -0.0; ``top`` the all-ones exponent), and -inf moved to the key of +inf.
+
+    Args:
+        flat: 1-D tensor of a dtype of :data:`BITS`.
+
+    Returns:
+        int32 (int64 for float64) tensor like ``flat``, values in ``[0, 2·top + 2]``.
+    """
+    kind, mantissa, exponent = BITS[flat.dtype]
+    top, sign = (1 << exponent) - 1, torch.iinfo(kind).min
+    bits = flat.contiguous().view(kind)
+    neg = bits >> (8 * bits.element_size() - 1)  # -1 for a negative element, else 0
+    key = bits & ~sign  # |x|'s bits
+    key += neg
+    key >>= mantissa
+    key.sub_(neg, alpha=top + 2)
+    key.masked_fill_(bits == (sign | (top << mantissa)), top)  # -inf: not binned, as +inf
+    return key if kind is not torch.int16 else key.int()  # index_add_ takes int32 and int64 indices
+
+
+def fold(dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Key (:func:`keys`) -> bin, int64 on ``device`` (:data:`NBINS` for a key not binned: inf, NaN)."""
+    table = _FOLDS.get((dtype, device))
+    if table is None:
+        top = (1 << BITS[dtype][2]) - 1
+        bias = top >> 1
+        up = [NBINS if e == top else ZERO if e == 0 else _bin(e - bias, 1) for e in range(top + 1)]
+        down = [NBINS if e == top else ZERO if e <= 0 else _bin(e - bias, -1) for e in range(-1, top + 1)]
+        table = _FOLDS[dtype, device] = torch.tensor(up + down, dtype=torch.int64, device=device)
+    return table
+
+
+def _bin(k: int, sign: int) -> int:
+    """The bin of the magnitudes ``[2**k, 2**(k+1))`` on the side ``sign`` (a negative one's
+    ``(2**k, 2**(k+1)]``)."""
+    if k < LOW:
+        return ZERO
+    return ZERO + sign * (1 + min(k, HIGH) - LOW)
 
 
 def zeros(n: int, device: torch.device) -> Tensor:
