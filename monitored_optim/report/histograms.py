@@ -29,7 +29,7 @@ UPDATE = KEYS["u"]
 
 @dataclass
 class Histograms:
-    """The histograms of a run: ``counts[tag][step]`` is the dense list of :data:`NBINS` counts.
+    """The histograms of a run: ``counts[tag][step]`` is the dense list of :data:`~monitored_optim.histograms.NBINS` counts.
 
     Attributes:
         path: the ``histograms.jsonl`` that was read.
