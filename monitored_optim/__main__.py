@@ -1,4 +1,5 @@
-"""Command line: ``python -m monitored_optim report RUN_DIR [--plot FILE.png] [--params GLOB] [--heatmap FILE.png] [--last N]``.
+"""Command line: ``python -m monitored_optim report RUN_DIR [--plot FILE.png] [--params GLOB] [--heatmap FILE.png]
+[--histograms FILE.png] [--last N]``.
 
 Also installed as the console script ``monitored-optim``. Exit status: 0 on success, 1 when the run
 cannot be read or rendered (one line on stderr, no traceback), 2 for a usage error.
@@ -29,10 +30,13 @@ def parser() -> argparse.ArgumentParser:
                         help="also save the update-to-data lines of a few parameters (--params) and the global "
                              "norms to this image")
     report.add_argument("--params", metavar="GLOB",
-                        help="the parameters --plot draws, a glob on their names (default: the matrices with "
-                             "the highest and lowest median ratio)")
+                        help="the parameters --plot and --histograms draw, a glob on their names (default: the "
+                             "matrices with the highest and lowest median ratio)")
     report.add_argument("--heatmap", metavar="FILE.png",
                         help="also save every parameter's update-to-data ratio as a heatmap to this image")
+    report.add_argument("--histograms", metavar="FILE.png",
+                        help="also save the update histogram over the logged steps of a few parameters (--params) "
+                             "to this image, from the run's histograms.jsonl (the histograms family)")
     report.add_argument("--last", metavar="N", type=_positive, default=20,
                         help="medians cover the last N logged steps (default 20)")
     return top
@@ -41,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     args = parser().parse_args(argv)
-    from .report import ReportError, load_run, plot_heatmap, plot_run, print_report, summarize
+    from .report import ReportError, load_run, plot_heatmap, plot_histograms, plot_run, print_report, summarize
 
     try:
         run = load_run(args.run_dir)
@@ -50,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"plot written to {plot_run(run, args.plot, params=args.params)}")
         if args.heatmap:
             print(f"heatmap written to {plot_heatmap(run, args.heatmap)}")
+        if args.histograms:
+            print(f"histograms written to {plot_histograms(run, args.histograms, params=args.params)}")
     except ReportError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1

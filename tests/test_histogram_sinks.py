@@ -18,12 +18,16 @@ from torch import nn
 import trackers
 from monitored_optim import grouping
 from monitored_optim.backends import Fanout
-from monitored_optim.backends.bins import LIMITS, MIDDLES, span
+from monitored_optim.backends.bins import span
 from monitored_optim.backends.tensorboard import DBL_MAX
 from monitored_optim.histograms import EDGES, KEYS, NBINS, ZERO, counts
 from monitored_optim.tags import family, per_parameter
 from tensorboard_server import get, tensorboard  # noqa: F401 (a fixture)
 from wandb_files import read_metric_definitions, read_rows
+
+LIMITS = (-2.0 ** 17, *EDGES, 2.0 ** 17)
+"""The drawn edges of every bin: the open outer bins end one power of two beyond 2**16."""
+MIDDLES = [(a + b) / 2 for a, b in zip(LIMITS, LIMITS[1:])]
 
 Steps = list[tuple[int, dict[str, float], dict[str, list[int]]]]
 

@@ -1,6 +1,7 @@
 """Read a run back and report it: a per-layer table and the update-to-data plot.
 
-    python -m monitored_optim report RUN_DIR [--plot FILE.png] [--params GLOB] [--heatmap FILE.png] [--last N]
+    python -m monitored_optim report RUN_DIR [--plot FILE.png] [--params GLOB] [--heatmap FILE.png]
+        [--histograms FILE.png] [--last N]
 
 Modules, one concern each, in the order data flows:
 
@@ -10,6 +11,8 @@ Modules, one concern each, in the order data flows:
 - ``table``: ``print_report(summary)`` renders it with ``rich``.
 - ``plot``: ``plot_run(run, path)`` (a few parameters' lines and the global norms) and
   ``plot_heatmap(run, path)`` (every parameter) draw it with matplotlib (Agg).
+- ``histograms``: ``load_histograms(dir)`` reads ``histograms.jsonl`` (the ``histograms`` family);
+  ``plot_histograms(run, path)`` draws a few layers' update histogram over the logged steps.
 
 The optional packages (``tensorboard``, ``rich``, ``matplotlib``) come with
 ``pip install 'monitored_optim[report]'``; they are imported only when needed, and a missing one
@@ -24,12 +27,14 @@ Example::
 """
 
 from .errors import ReportError
+from .histograms import Histograms, load_histograms, plot_histograms
 from .plot import draw_run, plot_heatmap, plot_run
 from .read import Run, load_run
 from .summary import (HEALTHY_BAND, REFERENCE, Count, Figure, Layer, Param, Summary, kind_of, parameters, rows_noun,
                       split_tag, summarize)
 from .table import print_report, render, shorten, to_text
 
-__all__ = ["HEALTHY_BAND", "REFERENCE", "Count", "Figure", "Layer", "Param", "ReportError", "Run", "Summary",
-           "draw_run", "kind_of", "load_run", "parameters", "plot_heatmap", "plot_run", "print_report", "render",
+__all__ = ["HEALTHY_BAND", "REFERENCE", "Count", "Figure", "Histograms", "Layer", "Param", "ReportError", "Run", "Summary",
+           "draw_run", "kind_of", "load_histograms", "load_run", "parameters", "plot_heatmap", "plot_histograms",
+           "plot_run", "print_report", "render",
            "rows_noun", "shorten", "split_tag", "summarize", "to_text"]

@@ -152,26 +152,43 @@ def _read_jsonl(run_dir: Path, file: Path) -> Run:
 
 
 ROW_START = '{"step": '
-"""How every row of ``metrics.jsonl`` begins (the JSONL backend writes ``json.dumps({"step": N, ...})``)."""
-CUT_ENDINGS = ("}", "0}", ":0}", '0000":0}', '"":0}')
-"""Endings of which one completes a row cut anywhere: after a value ``}``; after a colon or within a
-number ``0}``; after a key ``:0}``; within a key, a ``\\uXXXX`` escape too, ``0000":0}``; after a
-comma or a key's backslash ``"":0}``."""
+"""How every row of ``metrics.jsonl`` and ``histograms.jsonl`` begins (``json.dumps({"step": N, ...})``)."""
+CUT_ENDINGS = tuple(a + b for a in ("", "0", '0000"', '""') for b in ("", ":0"))
+"""Endings of which one, followed by the closing brackets still open, completes a row cut anywhere: after
+a value nothing; after a colon, a comma in a list or within a number ``0``; after a key ``:0``; within a
+key, a ``\\uXXXX`` escape too, ``0000":0``; after a comma or a key's backslash ``"":0``."""
 
 
 def _is_cut(line: str) -> bool:
     """Whether ``line`` is the beginning of a row, cut short: it begins as every row does and one of
-    :data:`CUT_ENDINGS` makes it a JSON object. Garbage, two rows run together or a row with
-    something added are not."""
+    :data:`CUT_ENDINGS` and the brackets it leaves open make it a JSON object. Garbage, two rows run
+    together or a row with something added are not."""
     if not (line.startswith(ROW_START) or ROW_START.startswith(line)):
         return False
+    closers = _open_brackets(line)
     for ending in CUT_ENDINGS:
         try:
-            json.loads(line + ending)
+            json.loads(line + ending + closers)
             return True
         except (ValueError, RecursionError):
             pass
     return False
+
+
+def _open_brackets(line: str) -> str:
+    """The closing brackets of those ``line`` leaves open outside strings, innermost first (``]}`` for
+    ``{"a": [1``); ``}`` at least."""
+    stack, in_string, escaped = [], False, False
+    for char in line:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            stack.append("]" if char == "[" else "}")
+        elif char in "]}" and stack:
+            stack.pop()
+    return "".join(reversed(stack)) or "}"
 
 
 def _parse_record(line: str) -> tuple[int, dict[str, float]]:
