@@ -91,10 +91,11 @@ class MonitorConfig:
         figures: which figure families are computed and sent: a comma-separated string or a list
             from ``update_to_data``, ``grad_to_data``, ``norms``, ``lr``, ``health``,
             ``update_lost``, ``spikes``, ``monitor`` (the monitor's own cost), ``state``,
-            ``spectral``, ``histograms``, or ``"all"``. Default: all but ``state``, ``spectral``
-            and ``histograms``. Environment: ``MONITORED_OPTIM_FIGURES``.
+            ``spectral``, ``histograms``, or ``"all"``; ``default`` stands for the default families
+            (``"default,histograms"`` adds the histograms to them). Default: all but ``state``,
+            ``spectral`` and ``histograms``. Environment: ``MONITORED_OPTIM_FIGURES``.
         tag_budget: the most tags one logging step sends to the dashboards (TensorBoard, W&B, MLflow,
-            trackio, SwanLab, Comet; int >= 1,
+            trackio, SwanLab, Comet; a histogram counts as one; int >= 1,
             default 2000); above it, parameters whose names differ only in a layer index are sent
             as min, median and max over depth (see the README's "Many parameters"), while
             ``metrics.jsonl`` keeps every per-parameter figure. Environment:
@@ -362,11 +363,11 @@ def _parse_figures(value: str | Sequence[str], source: str) -> frozenset[str]:
     names = [n.strip().lower() for n in (value.split(",") if isinstance(value, str) else value)]
     if names == ["all"]:
         return frozenset(FAMILIES)
-    bad = [n for n in names if n not in FAMILIES]
+    bad = [n for n in names if n not in FAMILIES and n != "default"]
     if bad or not names:
         raise ValueError(f"{source}={value!r} is not valid ({bad[0]!r} is unknown): expected 'all' or some of "
-                         f"{', '.join(FAMILIES)}" if bad else f"{source}={value!r} names no figure family")
-    return frozenset(names)
+                         f"default, {', '.join(FAMILIES)}" if bad else f"{source}={value!r} names no figure family")
+    return frozenset(n for name in names for n in (DEFAULT_FAMILIES if name == "default" else (name,)))
 
 
 def _parse_budget(value: int | str, source: str) -> int:

@@ -59,7 +59,7 @@ class Delivery:
 
             write_shapes(self.settings.logdir / "params.json", prefix,
                          list(zip(roster.names, roster.shapes, roster.dtypes)))
-        over = len(self.latest) > self.settings.tag_budget
+        over = len(self.latest) + len(self.histograms) > self.settings.tag_budget  # a histogram is a tag too
         self.backends.log(self.latest, step, functools.partial(self._grouped, self.latest) if over else None)
         if self.histograms:
             grouped = functools.partial(grouping.summarize_histograms, self.histograms, prefix) if over else None

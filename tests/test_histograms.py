@@ -183,3 +183,67 @@ def test_a_large_parameter_measured_in_parts_is_counted_once_over_its_parts(opt_
         got = opt.monitor.histograms
         assert got["update_hist/weight"] == truth(net.weight.detach().double() - before.double())
         assert got["grad_hist/weight"] == truth(grad) and got["param_hist/weight"] == truth(net.weight)
+
+
+def test_through_the_optimizer_tensorboard_wandb_and_histograms_jsonl_hold_each_step(tmp_path):
+    """A monitored run logging to TensorBoard, W&B (offline) and JSONL: each logging step's
+    histograms, read back from the event files, the offline run and ``histograms.jsonl``, equal
+    ``opt.monitor.histograms`` and the clone truth; the scalars' ``metrics.jsonl`` holds none."""
+    import json
+
+    from test_histogram_sinks import dense, from_edges, nonempty, tensorboard_histograms
+    from wandb_files import read_rows
+
+    net = Net()
+    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), lr=1e-3, monitor=MonitorConfig(
+        backend="tensorboard,wandb,jsonl", logdir=tmp_path, every=2, figures="default,histograms"))
+    seen = {}
+    for i in range(4):
+        opt.zero_grad()
+        net(torch.randn(8, 16, generator=torch.Generator().manual_seed(i))).square().mean().backward()
+        before = {n: p.detach().clone() for n, p in net.named_parameters()}
+        opt.step()
+        if opt.monitor.step % 2 == 0:
+            seen[opt.monitor.step] = dict(opt.monitor.histograms)
+            for n, p in net.named_parameters():
+                assert seen[opt.monitor.step][f"update_hist/{n}"] == truth(p.detach().double() - before[n].double())
+    opt.monitor.close()
+    rows = [json.loads(line) for line in (tmp_path / "histograms.jsonl").read_text().splitlines()]
+    assert {row["step"]: {t: dense(h["start"], h["counts"]) for t, h in row.items() if t not in ("step", "edges")}
+            for row in rows} == seen
+    assert tensorboard_histograms(tmp_path) == {step: nonempty(h) for step, h in seen.items()}
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    shown = {}
+    for row in read_rows(run_dir):
+        tags = [key[:-len("/_type")] for key, value in row.items() if key.endswith("/_type") and value == "histogram"]
+        if tags:
+            shown[row["optimizer/step"]] = {t: from_edges(row[f"{t}/bins"], row[f"{t}/values"]) for t in tags}
+    assert shown == {step: nonempty(h) for step, h in seen.items()}
+    scalars = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in scalars] == [2, 4] and not any("_hist/" in t for row in scalars for t in row)
+
+
+def test_over_the_tag_budget_the_dashboards_get_depth_groups_added_bin_by_bin(tmp_path):
+    """Twelve identical blocks over a tag budget of 40: TensorBoard gets each depth group's counts
+    added bin by bin (``update_hist/blocks.*.weight``), ``histograms.jsonl`` every parameter's."""
+    import json
+
+    from test_histogram_sinks import dense, nonempty, tensorboard_histograms
+
+    torch.manual_seed(0)
+    net = nn.Sequential(*[nn.Linear(8, 8) for _ in range(12)])
+    named = [(f"blocks.{n}", p) for n, p in net.named_parameters()]
+    opt = Monitored(torch.optim.SGD)(named, lr=0.1, monitor=MonitorConfig(
+        backend="tensorboard,jsonl", logdir=tmp_path, every=1, figures="update_to_data,histograms", tag_budget=40))
+    net(torch.randn(4, 8)).square().mean().backward()
+    opt.step()
+    opt.monitor.close()
+    full = opt.monitor.histograms
+    (row,) = [json.loads(line) for line in (tmp_path / "histograms.jsonl").read_text().splitlines()]
+    assert {t: dense(h["start"], h["counts"]) for t, h in row.items() if t not in ("step", "edges")} == full
+    for series in H.KEYS.values():
+        for kind in ("weight", "bias"):
+            members = [full[f"{series}/blocks.{i}.{kind}"] for i in range(12)]
+            assert tensorboard_histograms(tmp_path)[1][f"{series}/blocks.*.{kind}"] == [sum(c) for c in zip(*members)]
+    assert len(tensorboard_histograms(tmp_path)[1]) == len(nonempty({t: [1] for t in full})) // 12
+

@@ -274,3 +274,18 @@ def test_lightning_mlflow_logger_shares_the_active_run(tracking, tmp_path, store
     # Lightning's own rows, at its global step (read before it is incremented: 4, 9, ...)
     assert [p.step for p in tracking.get_metric_history(run.info.run_id, "train_loss")] == [4, 9, 14, 19]
     assert [p.step for p in tracking.get_metric_history(run.info.run_id, "val_loss")] == [9, 19]
+
+
+def test_histograms_are_said_once_to_have_no_place_in_mlflow(tracking, tmp_path, request):
+    """``figures="default,histograms"``: MLflow has no histogram type, so one warning names it and
+    the histograms are left out there; the scalar figures are logged at every step as usual."""
+    with pytest.warns(UserWarning) as caught:
+        opt = train(models.mlp(), 3, backend="mlflow,jsonl", logdir=tmp_path / "run", every=1,
+                    figures="default,histograms")
+    opt.monitor.close()
+    told = [str(w.message) for w in caught if "histogram" in str(w.message)]
+    assert len(told) == 1 and "mlflow" in told[0] and "MLflow has no histogram type" in told[0], told
+    assert opt.monitor.histograms and (tmp_path / "run" / "histograms.jsonl").exists()
+    (run,) = runs(tracking, request.node.name)
+    expected = as_keys(read_jsonl(tmp_path / "run"))
+    assert history(tracking, run.info.run_id, expected[3]) == expected
