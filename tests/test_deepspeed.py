@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO 0-3 on CPU/gloo, 2 processes: the figures of the model's own parameters, under their
 names, equal the truth from the full fp32 parameters gathered before and after each step
-(``deepspeed.utils.safe_get_full_fp32_param``), one logged row per engine step, one collective more
+(``deepspeed.utils.safe_get_full_fp32_param``), their histograms numpy's of those full tensors, one logged row per engine step, one collective more
 per logging step (two more for the names' exchange at the first), the trajectory bit for bit the
 plain optimizer's.
 
@@ -94,12 +94,24 @@ def truth(before: dict, after: dict, grads: dict) -> dict[str, float]:
     return out
 
 
+def histogram_truth(before: dict, after: dict, grads: dict) -> dict[str, list[int]]:
+    """numpy's histograms of the full tensors over the declared edges: u, the grad, p after."""
+    from test_distributed import histogram_of
+
+    out = {}
+    for name, p in before.items():
+        out[f"update_hist/{name}"] = histogram_of(after[name].double() - p.double())
+        out[f"grad_hist/{name}"] = histogram_of(grads[name])
+        out[f"param_hist/{name}"] = histogram_of(after[name])
+    return out
+
+
 def _train(rank, world, outdir, stage, precision, count, monitored, direct_first=False):
     os.environ["DS_ACCELERATOR"] = "cpu"
     net = model()
     cls = Monitored(torch.optim.AdamW) if monitored else torch.optim.AdamW
-    extra = {"monitor": MonitorConfig(backend="jsonl", every=EVERY, logdir=os.path.join(outdir, "logs"))} \
-        if monitored else {}
+    extra = {"monitor": MonitorConfig(backend="jsonl", every=EVERY, logdir=os.path.join(outdir, "logs"),
+                                      figures="default,histograms")} if monitored else {}
     opt = cls(groups(net, count), **OPT, **extra)
     zero = {"stage": stage, **({"sub_group_size": 600} if precision == "fp32, sub-groups" else {})}
     config = {"train_micro_batch_size_per_gpu": BATCH // world, "gradient_clipping": 0,
@@ -111,7 +123,7 @@ def _train(rank, world, outdir, stage, precision, count, monitored, direct_first
     if precision == "fp32, sub-groups":
         assert len(wrapper.fp16_groups) > 2  # more sub-groups than param groups
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    rows, counts = {}, []
+    rows, hists, counts = {}, {}, []
     for step in range(1, STEPS + 1):
         g = torch.Generator().manual_seed(step)
         x, y = torch.randn(BATCH, 16, generator=g), torch.randn(BATCH, 5, generator=g)
@@ -125,9 +137,12 @@ def _train(rank, world, outdir, stage, precision, count, monitored, direct_first
             engine.step()
         counts.append(c.ops)
         if logs:
-            rows[step] = (truth(before, full(net, stage, wrapper), grads), dict(opt.monitor.latest))
+            after = full(net, stage, wrapper)
+            rows[step] = (truth(before, after, grads), dict(opt.monitor.latest))
+            hists[step] = (histogram_truth(before, after, grads), dict(opt.monitor.histograms))
     final = full(net, stage, wrapper)
-    return {"rows": rows, "counts": counts, "final": final, "step": opt.monitor.step if monitored else None}
+    return {"rows": rows, "hists": hists, "counts": counts, "final": final,
+            "step": opt.monitor.step if monitored else None}
 
 
 def _stage(rank, world, outdir, stage):
@@ -169,7 +184,10 @@ def test_deepspeed_zero_figures_equal_the_gathered_truth(stage, tmp_path):
             per_param = {t.split("/", 1)[1] for t in got if t.startswith("param_norm/")}
             assert per_param == {t.split("/", 1)[1] for t in want if t.startswith("param_norm/")}, case
             assert got["health/nonfinite"] == 0, case
-        assert all(r["rows"] == res["rows"] for r in [results[1][precision, count, True]]), case
+        for step, (want, got) in res["hists"].items():  # whole parameters' counts, summed over fragments and ranks
+            assert got == want, (case, step, [t for t in want if got.get(t) != want[t]])
+        assert all(r["rows"] == res["rows"] and r["hists"] == res["hists"]
+                   for r in [results[1][precision, count, True]]), case
         plain_ops = [len(ops) for ops in plain["counts"]]
         for step, ops in enumerate(res["counts"], start=1):
             more = (step % EVERY == 0) * (1 + 2 * (step == EVERY))  # the table; the names, at the first

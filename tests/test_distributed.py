@@ -586,7 +586,7 @@ def _full(t):
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def _hist_truth(x) -> list[int]:
+def histogram_of(x) -> list[int]:
     import numpy as np
 
     from monitored_optim.histograms import EDGES
@@ -613,10 +613,10 @@ def _histograms(build):
             if logs:
                 truth = {}
                 for n, p in named:
-                    truth[f"update_hist/{canonical('/' + n)[1:]}"] = _hist_truth(_full(p.detach()) - before[n])
-                    truth[f"param_hist/{canonical('/' + n)[1:]}"] = _hist_truth(_full(p.detach()))
+                    truth[f"update_hist/{canonical('/' + n)[1:]}"] = histogram_of(_full(p.detach()) - before[n])
+                    truth[f"param_hist/{canonical('/' + n)[1:]}"] = histogram_of(_full(p.detach()))
                     if n in grads:
-                        truth[f"grad_hist/{canonical('/' + n)[1:]}"] = _hist_truth(grads[n])
+                        truth[f"grad_hist/{canonical('/' + n)[1:]}"] = histogram_of(grads[n])
                 got = {f"{t.split('/', 1)[0]}/{canonical('/' + t.split('/', 1)[1])[1:]}": c
                        for t, c in opt.monitor.histograms.items()}
                 out[step] = (got, truth)

@@ -22,7 +22,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 from monitored_optim import Monitored, MonitorConfig
-from test_distributed import EXCHANGE, CountCollectives, launch
+from test_distributed import EXCHANGE, CountCollectives, histogram_of, launch
 
 STEPS, EVERY, BATCH, LAYERS = 4, 2, 8, 4
 RATIO_TOL, NORM_RTOL = 2e-3, 1e-4
@@ -80,10 +80,10 @@ def _train(rank, dp: str | None, monitored: bool):
     stage = PipelineStage(module, stage_index, 2, torch.device("cpu"), group=pp_group)
     schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, y: (out - y).square().mean())
     named = list(module.named_parameters())
-    extra = {"monitor": MonitorConfig(backend="none", every=EVERY)} if monitored else {}
+    extra = {"monitor": MonitorConfig(backend="none", every=EVERY, figures="default,histograms")} if monitored else {}
     opt = (Monitored(torch.optim.AdamW) if monitored else torch.optim.AdamW)(named, lr=1e-2, weight_decay=0.1,
                                                                              **extra)
-    latest, truth, counts = {}, {}, []
+    latest, hists, truth, counts = {}, {}, {}, []
     for step in range(1, STEPS + 1):
         g = torch.Generator().manual_seed(step)
         x, y = torch.randn(BATCH, 8, generator=g), torch.randn(BATCH, 4, generator=g)
@@ -105,8 +105,10 @@ def _train(rank, dp: str | None, monitored: bool):
         counts.append(c.ops)
         if step % EVERY == 0 and monitored:
             latest[step] = dict(opt.monitor.latest)
+            hists[step] = dict(opt.monitor.histograms)
             truth[step] = {n: (before[n], grads[n], full(p)) for n, p in named}
-    return {"latest": latest, "truth": truth, "counts": counts, "final": {n: full(p) for n, p in named}}
+    return {"latest": latest, "hists": hists, "truth": truth, "counts": counts,
+            "final": {n: full(p) for n, p in named}}
 
 
 def figures(truth: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> dict[str, float]:
@@ -134,7 +136,10 @@ def test_every_rank_gets_every_stage_figures_equal_to_the_clone_truth(dp, world,
             truth.update(res["truth"][step])  # a replica's truth is the same parameter's
         assert set(truth) == names
         want = figures(truth)
+        counted = {f"{series}/{n}": histogram_of(t) for n, (p, g, after) in truth.items()
+                   for series, t in (("update_hist", after - p), ("grad_hist", g), ("param_hist", after))}
         for rank, res in enumerate(results):
+            assert res["hists"][step] == counted, rank  # every stage's, on every rank
             got = res["latest"][step]
             assert got == results[0]["latest"][step], rank
             for tag, value in want.items():
