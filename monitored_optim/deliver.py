@@ -45,7 +45,7 @@ class Delivery:
 
         ``roster``: the step's parameters (``names``, ``shapes``, ``dtypes``); ``hists``: the step's
         histograms, tag (without the prefix) -> counts (:func:`monitored_optim.histograms.of`), kept
-        as :attr:`histograms` and sent after the figures. Returns whether this rank wrote (its
+        as ``histograms`` and sent after the figures. Returns whether this rank wrote (its
         backends are open)."""
         prefix = self.settings.prefix
         self.latest = {prefix + tag: value for tag, value in figures.items()} if prefix else figures

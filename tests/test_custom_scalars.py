@@ -115,3 +115,21 @@ def test_layout_is_written_once_per_event_file(tmp_path):
         configs = [value for event in EventFileLoader(str(file)).Load() for value in event.summary.value
                    if value.metadata.plugin_data.plugin_name == "custom_scalars"]
         assert len(configs) == 1 and configs[0].tag == "custom_scalars__config__"
+
+
+def test_event_files_of_one_process_sort_in_the_order_they_were_made(tmp_path, monkeypatch):
+    """TensorBoard reads a run directory's files in name order and shows the layout it read last: the
+    writers' files must sort as they were made (the 10th after the 9th), so that the last layout, which
+    holds every writer's charts, wins."""
+    import itertools
+
+    from monitored_optim import backends
+
+    monkeypatch.setattr(backends, "_WRITERS", itertools.count(8))
+    made = []
+    for _ in range(4):  # 8, 9, 10, 11
+        before = set(tmp_path.iterdir())
+        backends.open_backend("tensorboard", tmp_path).close()
+        (new,) = set(tmp_path.iterdir()) - before
+        made.append(new.name)
+    assert sorted(made) == made

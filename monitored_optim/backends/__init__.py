@@ -41,7 +41,7 @@ def open_backend(name: str, logdir: Path) -> Backend:
     if name == "tensorboard":
         from .tensorboard import TensorBoardBackend
 
-        return TensorBoardBackend(logdir, filename_suffix=f".{os.getpid()}.{next(_WRITERS)}")
+        return TensorBoardBackend(logdir, filename_suffix=f".{os.getpid()}.{next(_WRITERS):06d}")
     if name == "wandb":
         from .wandb import WandbBackend
 
@@ -107,7 +107,9 @@ def make_logdir(names: tuple[str, ...], logdir: Path) -> None:
 
 
 _WRITERS = itertools.count()
-"""Numbers the event files of one process: two writers in one logdir never share a file."""
+"""Numbers the event files of one process: two writers in one logdir never share a file, and, zero-padded,
+their names sort in the order they were made (TensorBoard reads a run directory's files in name order and
+shows the custom-scalars layout it read last, the one of the writer made last, which holds every chart)."""
 
 
 FILES = ("tensorboard", "jsonl")
