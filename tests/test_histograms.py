@@ -44,12 +44,12 @@ class Net(nn.Module):
         return self.head(self.norm(torch.tanh(self.fc(x)))) + self.empty.sum()
 
 
-def run(opt_cls, dtype, lr, steps=STEPS, step=None, **kwargs):
+def run(opt_cls, dtype, lr, steps=STEPS, step=None, compile="auto", **kwargs):
     """Train ``Net`` in ``dtype`` with a monitored ``opt_cls`` logging histograms at every step; yield
     per step (optimizer, the truth per tag)."""
     net = Net().to(dtype)
-    opt = Monitored(opt_cls)(net.named_parameters(), lr=lr, **kwargs,
-                             monitor=MonitorConfig(backend="none", every=1, figures="histograms"))
+    opt = Monitored(opt_cls)(net.named_parameters(), lr=lr, **kwargs, monitor=MonitorConfig(
+        backend="none", every=1, figures="histograms", compile=compile))
     stepper = step(opt) if step is not None else opt.step
     for i in range(steps):
         g = torch.Generator().manual_seed(i)
@@ -141,15 +141,28 @@ def test_a_closure_step_bins_the_grads_its_closure_makes():
     assert sum(opt.monitor.histograms["grad_hist/fc.weight"]) == 16 * 32  # replaced, not added to the stale
 
 
-def test_a_compiled_step_gives_the_counts_of_the_eager_one():
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_compiled_step_gives_the_counts_of_the_eager_one(compile):
     """``torch.compile(opt.step)``: the logging step's capture runs outside the compiled graph and
-    bins the same tensors, so the counts equal the eager run's and the truth."""
-    eager = [dict(opt.monitor.histograms) for opt, _ in run(torch.optim.AdamW, torch.float32, 1e-3)]
+    bins the same tensors, so the counts equal the eager run's and the truth; with
+    ``MonitorConfig(compile=True)`` the capture takes its eager route for every parameter (the
+    fused route has no binning pass), with the same counts."""
+    eager = [dict(opt.monitor.histograms) for opt, _ in run(torch.optim.AdamW, torch.float32, 1e-3,
+                                                            compile=compile)]
+    opt = opt_of_last_run(compile)
+    routes = opt.monitor.describe().split("capture:", 1)[1]
+    assert ", fused" not in routes and "copied flat" not in routes, routes
     compiled = []
     for opt, want in run(torch.optim.AdamW, torch.float32, 1e-3, step=lambda o: torch.compile(o.step)):
         compiled.append(dict(opt.monitor.histograms))
         assert compiled[-1] == want
     assert compiled == eager
+
+
+def opt_of_last_run(compile):
+    """The optimizer after one logging step of :func:`run` with ``MonitorConfig(compile=compile)``."""
+    for opt, _ in run(torch.optim.AdamW, torch.float32, 1e-3, steps=1, compile=compile):
+        return opt
 
 
 def test_histograms_are_off_by_default_and_with_all_on():

@@ -94,9 +94,11 @@ class Capture:
         return self.plan
 
     def preview(self, optimizer: torch.optim.Optimizer, known: dict[int, str]) -> Plan:
-        """The plan of a logging step with the fused routes allowed, for ``describe()``; not kept."""
+        """The plan of a plain logging step (no closure, no GradScaler's scale, one process), for
+        ``describe()``; not kept."""
         named = names(optimizer, known)
-        ways = tuple(self.fused.way(group) for group in optimizer.param_groups)
+        fuse = self.may_fuse(False, None, None)
+        ways = tuple(self.fused.way(group) if fuse else None for group in optimizer.param_groups)
         return self.build(optimizer, [], named, self._mask(optimizer, named), ways)
 
     def _mask(self, optimizer: torch.optim.Optimizer, named: list[list[str]]) -> list[bool] | None:
