@@ -73,11 +73,31 @@ def counts(x: Tensor, scale: Tensor | None = None) -> Tensor:
         flat = flat.float()
     if scale is not None:
         flat = flat * scale.to(flat.dtype)
-    key = keys(flat)
+    return _counted(keys(flat), fold(flat.dtype, flat.device), 1)[0]
+
+
+def segment_counts(flat: Tensor, lengths: Tensor) -> Tensor:
+    """The :func:`counts` of each of the consecutive segments of a flat tensor (a flat chunk's).
+
+    Args:
+        flat: 1-D tensor of a dtype of :data:`BITS`, the segments laid end to end.
+        lengths: int64 tensor of shape ``(k,)`` on ``flat``'s device, positive, summing to ``flat.numel()``.
+
+    Returns:
+        Float64 tensor of shape ``(k, NBINS)``.
+    """
     table = fold(flat.dtype, flat.device)
-    held = torch.zeros(len(table), dtype=torch.int64, device=flat.device)
-    held.index_add_(0, key, torch.ones(1, dtype=torch.int64, device=flat.device).expand(key.numel()))
-    return torch.zeros(NBINS + 1, dtype=torch.float64, device=flat.device).index_add_(0, table, held.double())[:NBINS]
+    k = lengths.numel()
+    segment = torch.arange(k, device=flat.device).repeat_interleave(lengths, output_size=flat.numel())
+    return _counted(keys(flat) + segment * len(table), table, k)
+
+
+def _counted(key: Tensor, table: Tensor, k: int) -> Tensor:
+    """Float64 ``(k, NBINS)`` counts of the keys of k segments (segment i's offset by ``i·len(table)``)."""
+    held = torch.zeros(k * len(table), dtype=torch.int64, device=key.device)
+    held.index_add_(0, key, torch.ones(1, dtype=torch.int64, device=key.device).expand(key.numel()))
+    binned = torch.zeros(k, NBINS + 1, dtype=torch.float64, device=key.device)
+    return binned.index_add_(1, table, held.view(k, len(table)).double())[:, :NBINS]
 
 
 def keys(flat: Tensor) -> Tensor:

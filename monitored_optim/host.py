@@ -184,7 +184,7 @@ def gather(entries: Entries, roster: Roster, rows: Moments, lr_values: dict[int,
     """
     leads = entries.leads
     if sharding is None:
-        holding = [i for i in roster.captured if leads[i].pieces]  # a flat entry has none
+        holding = [i for i, e in enumerate(leads) if e.pieces]  # a flat entry's: its histograms, if any
         held = [piece for i in holding for piece in leads[i].pieces.values()]
         index = roster.index
         pairs, present, extra = rows.host(index, held + list(lr_values.values()))

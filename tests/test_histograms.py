@@ -145,13 +145,13 @@ def test_a_closure_step_bins_the_grads_its_closure_makes():
 def test_a_compiled_step_gives_the_counts_of_the_eager_one(compile):
     """``torch.compile(opt.step)``: the logging step's capture runs outside the compiled graph and
     bins the same tensors, so the counts equal the eager run's and the truth; with
-    ``MonitorConfig(compile=True)`` the capture takes its eager route for every parameter (the
-    fused route has no binning pass), with the same counts."""
+    ``MonitorConfig(compile=True)`` no parameter takes a compiled route (they have no binning pass):
+    the small ones are binned in their flat chunk, the others eagerly, with the same counts."""
     eager = [dict(opt.monitor.histograms) for opt, _ in run(torch.optim.AdamW, torch.float32, 1e-3,
                                                             compile=compile)]
     opt = opt_of_last_run(compile)
     routes = opt.monitor.describe().split("capture:", 1)[1]
-    assert ", fused" not in routes and "copied flat" not in routes, routes
+    assert ", fused" not in routes and "copied flat" in routes, routes  # small ones binned flat, none compiled
     compiled = []
     for opt, want in run(torch.optim.AdamW, torch.float32, 1e-3, step=lambda o: torch.compile(o.step)):
         compiled.append(dict(opt.monitor.histograms))
@@ -260,3 +260,24 @@ def test_over_the_tag_budget_the_dashboards_get_depth_groups_added_bin_by_bin(tm
             assert tensorboard_histograms(tmp_path)[1][f"{series}/blocks.*.{kind}"] == [sum(c) for c in zip(*members)]
     assert len(tensorboard_histograms(tmp_path)[1]) == len(nonempty({t: [1] for t in full})) // 12
 
+
+
+def test_a_small_parameter_without_a_grad_at_a_step_has_no_grad_histogram_then():
+    """A parameter binned in a flat chunk that has a grad at one logging step and none at the next:
+    its ``grad_hist`` is there, then not (nothing left over from the last step); its update is then
+    all exact zeros."""
+    torch.manual_seed(0)
+    used, spare = nn.Linear(4, 4), nn.Linear(4, 4)
+    named = [(f"used.{n}", p) for n, p in used.named_parameters()] + [(f"spare.{n}", p) for n, p in spare.named_parameters()]
+    opt = Monitored(torch.optim.AdamW)(named, lr=1e-3, monitor=MonitorConfig(backend="none", every=1,
+                                                                          figures="histograms"))
+    seen = []
+    for step in range(3):
+        opt.zero_grad(set_to_none=True)
+        x = torch.randn(2, 4)
+        (used(x) + (spare(x) if step == 0 else 0)).square().sum().backward()
+        opt.step()
+        seen.append(dict(opt.monitor.histograms))
+    assert "copied flat" in opt.monitor.describe()
+    assert sum(seen[0]["grad_hist/spare.weight"]) == 16 and "grad_hist/spare.weight" not in seen[2]
+    assert seen[2]["update_hist/spare.weight"][H.ZERO] == 16 and sum(seen[2]["update_hist/spare.weight"]) == 16

@@ -59,7 +59,7 @@ class Capture:
         self.risk = RiskMemory()
         self.centring = stats.CentringMemory()
         self.eager = Eager(view, settings.verify, families, reductions, self.centring)
-        self.fused = Fused(view, settings.compile)
+        self.fused = Fused(view, settings.compile, self.eager.binned)
         self.budget = PART_ELEMENTS * 4
         self.plan: Plan | None = None
         self._roster: Roster | None = None
@@ -217,9 +217,11 @@ class Capture:
 
     def may_fuse(self, sharded: bool, grad_scale: Tensor | None, closure: Callable[[], Any] | None) -> bool:
         """Whether a logging step may take the fused routes: one process, no fused GradScaler's scale,
-        no verify mode, no closure, and no figure family that sees each stored change."""
+        no verify mode, no closure, and no figure family with a ``part`` hook (the histograms bin the
+        flat chunks; the other fused routes are not taken with them, :meth:`Fused.form
+        <monitored_optim.capture.fused.Fused.form>`)."""
         return not (sharded or grad_scale is not None or self.settings.verify or closure is not None
-                    or self.eager.reads_u)
+                    or self.eager.reads_parts)
 
     def held(self, group: dict[str, Any]) -> bool:
         """Whether the step just taken left ``group`` unchanged by the optimizer's design

@@ -39,7 +39,8 @@ class Eager:
         self.view, self.verify, self.families = view, verify, families
         self.reductions, self.centring = reductions, centring
         self.binned = any(fam.binned for fam in families)  # p, grad and u binned (the histograms family)
-        self.reads_u = self.binned or any(type(fam).part is not Family.part for fam in families)  # each u seen
+        self.reads_parts = any(type(fam).part is not Family.part for fam in families)  # a family's part hook
+        self.reads_u = self.binned or self.reads_parts  # each stored change is formed
         self.shared: set[int] = set()  # ids of this step's parameters whose storage is shared
 
     def entry(self, name: str, group: dict[str, Any], part: Part, reason: str | None, lead: Entry | None,

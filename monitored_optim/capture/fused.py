@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from torch._utils import _flatten_dense_tensors
 
-from .. import stats
+from .. import histograms, stats
 from .._warnings import warn
 from ..updates import CLONE, Cloned, View, rebuild
 from .plan import Entry, Flat
@@ -289,11 +289,15 @@ class Fused:
     Args:
         view: the monitor's update view.
         mode: ``MonitorConfig.compile`` (see :func:`enabled`).
+        binned: the histograms family is on: the flat chunks' p, grads and u are binned
+            (:func:`~monitored_optim.histograms.segment_counts`) and no parameter takes a compiled
+            route (they have no binning pass).
     """
 
-    def __init__(self, view: View, mode: str) -> None:
+    def __init__(self, view: View, mode: str, binned: bool = False) -> None:
         self.view = view
         self.mode = mode
+        self.binned = binned
         self.fuser = Fuser(mode)
 
     def way(self, group: dict[str, Any]) -> str | None:
@@ -308,13 +312,13 @@ class Fused:
         """The form the fused routes may take ``p`` in where its group's :meth:`way` allows it, from
         its metadata alone: ``"flat"`` (a non-empty dense float32/float64 parameter of at most
         :data:`SMALL` elements), ``"whole"`` (a larger one, where compiling is enabled for its
-        device), or None (eager)."""
+        device and the histograms are off), or None (eager)."""
         if type(p) not in (Tensor, torch.nn.Parameter) or p.dtype not in (torch.float32, torch.float64) \
                 or p.layout is not torch.strided or p.numel() == 0:
             return None
         if p.numel() <= SMALL:
             return "flat"
-        return "whole" if enabled(self.mode, p.device) else None
+        return "whole" if enabled(self.mode, p.device) and not self.binned else None
 
     def before(self, chunks: list[Flat], copies: list[Entry], whole: list[Entry], batch: stats.Batch) -> list[Tensor]:
         """Take p_before of the fused routes; returns the flat chunks' (one buffer per chunk).
@@ -346,9 +350,11 @@ class Fused:
             kinds.setdefault(key, []).append(e)
         for chunk, before in zip(chunks, befores):
             grads, present = _grads(chunk.params)
-            rows = flat(before, _flatten_dense_tensors(chunk.params), _flatten_dense_tensors(grads),
-                        chunk.lengths)  # eager: faster than compiled here
+            after, grad = _flatten_dense_tensors(chunk.params), _flatten_dense_tensors(grads)
+            rows = flat(before, after, grad, chunk.lengths)  # eager: faster than compiled here
             _put(batch, chunk.members, rows, stats.KINDS, present, chunk.sizes)
+            if self.binned:
+                _bin(chunk, before, after, grad, present)
         for key, members in kinds.items():
             for i in range(0, len(members), CHUNK):
                 chunk = members[i:i + CHUNK]
@@ -401,6 +407,18 @@ def _grads(params: list[Tensor]) -> tuple[list[Tensor], list[bool]]:
         return grads, present
     return ([torch.zeros_like(p) if g is None else g if g.layout is torch.strided else g.to_dense()
              for p, g in zip(params, grads)], present)
+
+
+def _bin(chunk: Flat, before: Tensor, after: Tensor, grads: Tensor, present: list[bool]) -> None:
+    """The histograms of a flat chunk's u (formed in float64: exact), p after the step and grads (where
+    present), each member's as its pieces (a flat entry is its plan's: none is left from a last step)."""
+    for kind, x in (("u", after.double() - before.double()), ("param", after), ("grad", grads)):
+        key = histograms.KEYS[kind]
+        for e, counts, held in zip(chunk.members, histograms.segment_counts(x, chunk.lengths).unbind(), present):
+            if held or kind != "grad":
+                e.pieces[key] = counts
+            else:
+                e.pieces.pop(key, None)
 
 
 def _put(batch: stats.Batch, chunk: list[Entry], rows: Tensor, kinds: tuple[str, ...], present: list[bool],
