@@ -281,3 +281,20 @@ def test_a_small_parameter_without_a_grad_at_a_step_has_no_grad_histogram_then()
     assert "copied flat" in opt.monitor.describe()
     assert sum(seen[0]["grad_hist/spare.weight"]) == 16 and "grad_hist/spare.weight" not in seen[2]
     assert seen[2]["update_hist/spare.weight"][H.ZERO] == 16 and sum(seen[2]["update_hist/spare.weight"]) == 16
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("opt_cls", [torch.optim.SGD, torch.optim.AdamW])
+def test_a_non_finite_element_leaves_the_other_elements_binned(bad, opt_cls):
+    """A matrix holding one NaN or infinity (eager, inverted: its bounds are not finite): the other
+    elements' updates are binned, the bad one is not (health counts it)."""
+    w = nn.Parameter(torch.tensor([[1.0, 2.0, 3.0, bad], [1.0, 2.0, 3.0, 4.0]]).repeat(1, 1100))  # past SMALL
+    opt = Monitored(opt_cls)([("w", w)], lr=0.5, monitor=MonitorConfig(backend="none", every=1, figures="histograms,health"))
+    w.grad = torch.ones_like(w)
+    before = w.detach().clone()
+    with pytest.warns(RuntimeWarning, match="NaN or Inf"):
+        opt.step()
+    assert "view" in opt.monitor.describe().split("capture:")[1]  # inverted, not snapshotted
+    assert opt.monitor.histograms["update_hist/w"] == truth(w.detach().double() - before.double())
+    assert sum(opt.monitor.histograms["update_hist/w"]) == w.numel() - 1100
+    assert opt.monitor.latest["health/nonfinite"] == 1

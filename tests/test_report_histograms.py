@@ -68,3 +68,32 @@ def test_a_missing_or_damaged_file_is_one_line_and_status_1(run_dir, capsys, tmp
 def test_params_that_match_no_layer_is_one_line(run_dir, capsys, tmp_path):
     code, _, err = report(capsys, run_dir[0], "--histograms", tmp_path / "h.png", "--params", "nothing*")
     assert code == 1 and len(err) == 1 and "--params 'nothing*' matches no layer with an update histogram" in err[0]
+
+
+def test_the_default_picture_shows_a_frozen_matrix(tmp_path):
+    """A monitored run where one matrix never moves (its group's lr is 0: no update-to-data ratio, so
+    the line plot's choice misses it) among eight that learn: the picture's default layers include
+    it, and the others drawn are matrices too."""
+    import torch
+    from torch import nn
+
+    from monitored_optim import Monitored, MonitorConfig
+    from monitored_optim.report import load_run
+    from monitored_optim.report.histograms import HANDFUL, layers
+
+    torch.manual_seed(0)
+    net = nn.Sequential(*[nn.Linear(4, 4) for _ in range(8)], nn.Linear(4, 4))
+    named = list(net.named_parameters())
+    groups = [{"params": [p for n, p in named if not n.startswith("8.")], "param_names": [n for n, _ in named
+                                                                                       if not n.startswith("8.")]},
+              {"params": [p for n, p in named if n.startswith("8.")], "param_names": ["8.weight", "8.bias"], "lr": 0.0}]
+    opt = Monitored(torch.optim.SGD)(groups, lr=0.1, monitor=MonitorConfig(
+        backend="jsonl", logdir=tmp_path, every=1, figures="default,histograms"))
+    with pytest.warns(RuntimeWarning, match="'8.weight' has a gradient but has not changed"):
+        for _ in range(3):
+            opt.zero_grad()
+            net(torch.randn(4, 4)).square().mean().backward()
+            opt.step()
+    opt.monitor.close()
+    chosen = [p.label for p in layers(load_histograms(tmp_path), load_run(tmp_path))]
+    assert "8.weight" in chosen and len(chosen) == HANDFUL and all(c.endswith(".weight") for c in chosen), chosen

@@ -21,8 +21,9 @@ from .table import shorten
 
 FILE = "histograms.jsonl"
 HANDFUL = 6
-"""Layers :func:`plot_histograms` draws by default: the matrices with the highest and lowest median
-update-to-data ratio (half each), as the line plot chooses them."""
+"""Layers :func:`plot_histograms` draws by default: the matrices whose updates hold the largest share
+of exact zeros (a frozen or rounded-away layer, which has no update-to-data ratio), then those with
+the highest and lowest median update-to-data ratio, as the line plot chooses them."""
 UPDATE = KEYS["u"]
 """The series drawn: ``update_hist``."""
 
@@ -109,8 +110,9 @@ def _parse(line: str) -> tuple[int, dict[str, list[int]]]:
 
 
 def layers(hists: Histograms, run: Run | None = None, params: str | None = None) -> list[Param]:
-    """The layers :func:`plot_histograms` draws: those matching the glob ``params``, else the report's
-    choice of matrices in ``run`` (:data:`HANDFUL`), else the first :data:`HANDFUL` with an update histogram.
+    """The layers :func:`plot_histograms` draws: those matching the glob ``params``, else
+    :data:`HANDFUL` matrices: those with exact zeros in their updates (most first, at most half),
+    then the report's choice in ``run``, then the others with an update histogram.
 
     Raises:
         ReportError: ``params`` matches no layer with an update histogram, or none has one.
@@ -129,13 +131,24 @@ def layers(hists: Histograms, run: Run | None = None, params: str | None = None)
             raise ReportError(f"{hists.path}: --params {quote(params)} matches no layer with an update histogram "
                               f"(labels look like {quote(found[0].label)})")
         return picked
+    matrices = [p for p in found if run is None or kind_of(run, p) == "matrix"] or found
     try:
-        usual = [p for p in _chosen(run, None) if p in drawn] if run is not None else []
+        usual = [p for p in _chosen(run, None) if p in matrices] if run is not None else []
     except ReportError:
         usual = []
     if len(usual) > HANDFUL:
         usual = usual[:HANDFUL // 2] + usual[-(HANDFUL - HANDFUL // 2):]
-    return usual or ([p for p in found if run is None or kind_of(run, p) == "matrix"] or found)[:HANDFUL]
+    zeros = {p: _zero_share(hists, p) for p in matrices}
+    frozen = sorted((p for p in matrices if zeros[p] > 0), key=lambda p: -zeros[p])[:HANDFUL // 2]
+    ordered = list(dict.fromkeys(frozen + usual + matrices))[:HANDFUL]
+    return [p for p in found if p in ordered]
+
+
+def _zero_share(hists: Histograms, param: Param) -> float:
+    """The share of ``param``'s update elements in the zero bin, over all its logged steps."""
+    steps = hists.counts[param.tag(UPDATE)].values()
+    total = sum(sum(counts) for counts in steps)
+    return sum(counts[ZERO] for counts in steps) / total if total else 0.0
 
 
 @_drawing
@@ -203,7 +216,9 @@ def _draw_layer(ax, hists: Histograms, param: Param, shown: list[int]):
         if shown[k + 1] - shown[k] > 1:
             ax.axhline(k + 0.5, color="0.35", lw=0.8, ls=(0, (4, 3)))
     stride = max(1, math.ceil(len(shown) / 14))
-    ticks = sorted({k for k in range(len(shown)) if (k - row) % stride == 0})
+    ends = {k for k in (0, len(shown) - 1) if shown[k] in (0, NBINS - 1)}  # an open outer bin is always named
+    ticks = sorted(ends | {k for k in range(len(shown)) if (k - row) % stride == 0
+                           and all(abs(k - end) >= max(2, stride // 2) for end in ends)})
     ax.set_yticks(ticks, [_bin_label(shown[k]) for k in ticks], fontsize=7)
     ax.set_ylabel("update: bin by its edge nearer 0", fontsize=7)
     ax.set_title(shorten(param.label, 60), fontsize=9)
