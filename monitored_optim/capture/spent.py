@@ -48,7 +48,7 @@ class Record:
         routes: parameter name -> the route it took, as ``describe()`` shows it.
     """
 
-    key: weakref.ref[Any]
+    key: Callable[[], Any]
     step: int | None = None
     copied: int = 0
     seconds: float = 0.0
