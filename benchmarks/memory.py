@@ -146,6 +146,8 @@ def _third_party() -> dict[str, tuple[type, dict]]:
             ("schedulefree-adamw", "schedulefree", "AdamWScheduleFree", dict(lr=1e-3, weight_decay=0.1)),
             *((f"schedulefree-sgd-{lr:g}", "schedulefree", "SGDScheduleFree", dict(lr=lr, weight_decay=wd))
               for lr, wd in ((1.0, 0.0), (1e-2, 1e-4), (1e-3, 0.0))),
+            *((f"schedulefree-sgd-{lr:g}-warmup", "schedulefree", "SGDScheduleFree",  # every step in its warm-up
+               dict(lr=lr, weight_decay=1e-4, warmup_steps=8)) for lr in (1.0, 1e-3)),
             *((f"schedulefree-radam-{lr:g}", "schedulefree", "RAdamScheduleFree", dict(lr=lr, weight_decay=wd))
               for lr, wd in ((1e-3, 0.0), (1e-4, 0.1))),
             ("hf-adafactor", "transformers.optimization", "Adafactor",

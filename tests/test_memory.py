@@ -118,3 +118,24 @@ def test_schedule_free_sgd_and_radam_logging_steps_hold_no_copy(name, kwargs, st
     logged, _ = peak_of_step(Monitored(cls), kwargs, MonitorConfig(backend="none"), steps_before=steps_before,
                              layers=8)
     assert (logged - plain) / param_bytes <= 0.10  # the replay's block buffers, about 2 MiB
+
+
+@pytest.mark.parametrize("weight_decay,warmup_steps", [(0.0, 0), (1e-4, 8)], ids=["plain", "wd-warmup"])
+def test_schedule_free_rebuild_holds_a_blocks_temporaries_not_a_parts(weight_decay, warmup_steps):
+    """The rebuild of a part of ``PART_ELEMENTS`` (after the step that creates z and the one at w = 1/2)
+    allocates its result and float64 temporaries of one block (``CHECK_BLOCK``): no float64 copy of
+    the part (8 bytes an element, against the part's own 4)."""
+    from monitored_optim.updates._shared import CHECK_BLOCK, PART_ELEMENTS
+    from monitored_optim.updates.schedulefree import SGDScheduleFreeView
+
+    cls = pytest.importorskip("schedulefree").SGDScheduleFree
+    p = nn.Parameter(torch.randn(PART_ELEMENTS) * 0.02)
+    opt = cls([p], lr=1.0, weight_decay=weight_decay, warmup_steps=warmup_steps)
+    opt.train()
+    for _ in range(2):
+        p.grad = torch.randn_like(p) * 1e-3
+        opt.step()
+    with PeakMemory() as mem:
+        u = SGDScheduleFreeView().update(opt.param_groups[0], p, opt.state[p], None)
+    assert u.shape == p.shape and u.dtype == p.dtype
+    assert mem.peak <= p.numel() * 4 + 2 * CHECK_BLOCK * 8

@@ -98,3 +98,12 @@ def test_describe_names_the_schedule_free_replayed_sums_fallback_where_it_happen
         seen.append(_row(opt.monitor.describe(), "w"))
     assert any("replayed sums" in row and "fell back" in row for row in seen), seen
     assert all(row.endswith("view (SGDScheduleFreeView)") or "replayed sums" in row for row in seen), seen
+
+
+def test_the_last_record_holds_no_tensor_of_its_step(tmp_path):
+    """After a logging step its record (what ``describe()`` and the monitor family read) does not keep
+    the step's batch of sums alive, nor the part-sized buffers of its workspace."""
+    named = [("w", nn.Parameter(torch.randn(64, 100)))]
+    opt = Monitored(torch.optim.SGD)(named, lr=1e-3, monitor=MonitorConfig(backend="none", every=1, logdir=tmp_path))
+    _stepped(opt, named, steps=1)
+    assert opt.monitor.capture.spent.last.key() is None

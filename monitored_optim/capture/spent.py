@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import gc
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,14 +42,15 @@ class Record:
     """One logging step's costs and routes.
 
     Attributes:
-        key: the step's batch of sums (a logging step's own object: a new one opens a new record).
+        key: a weak reference to the step's batch of sums (a logging step's own object: a new one
+            opens a new record; weak, so that the batch and its buffers die with the step).
         step: the optimizer step it logged, once it finished (None before).
         copied: bytes of p_before copied (int).
         seconds: host seconds of the monitor's stages so far.
         routes: parameter name -> the route it took, as ``describe()`` shows it.
     """
 
-    key: Any
+    key: Callable[[], Any]
     step: int | None = None
     copied: int = 0
     seconds: float = 0.0
@@ -66,8 +68,8 @@ class Spent:
 
     def record(self, key: Any) -> Record:
         """The record of the logging step whose batch is ``key``: the one in progress, else a new one."""
-        if self.now is None or self.now.key is not key:
-            self.now = Record(key)
+        if self.now is None or self.now.key() is not key:
+            self.now = Record(weakref.ref(key))
         return self.now
 
     def copied(self, tensors: Iterable[Tensor | None]) -> None:

@@ -102,7 +102,7 @@ class ScheduleFreeView(View):
             m, z = y.numel(), y if z is None else z
             if i == 0:  # buffers of the first (largest) block, reused block after block: no heap churn
                 y_a, z_a, narrow = (y.new_empty(m) for _ in range(3))
-                u, wide = (y.new_empty(m, dtype=torch.float64) for _ in range(2))
+                u, wide = _wide(m)
             g = self.normalized(group, y, g, v)
             ya = torch.lerp(y, z, w, out=y_a[:m]).add_(g, alpha=alpha)
             du = u[:m].copy_(ya).sub_(y)  # the stored change, exact in float64
@@ -128,8 +128,13 @@ class ScheduleFreeView(View):
             return None
         lr, k = group["scheduled_lr"], group["k"] - 1
         w = _ratio(_weight(group, k, group["lr_max"]), group["weight_sum"])
-        return _rebuilt(p.detach(), state["z"], p.grad, w, lr, lr * (self.beta(group) * (1 - w) - 1),
-                        snapshot == FRESH)
+        alpha = lr * (self.beta(group) * (1 - w) - 1)
+        u = torch.empty(p.shape, dtype=p.dtype, device=p.device)
+        for i, (y, z, g, out) in enumerate(blocks(p.detach(), state["z"], p.grad, u)):
+            if i == 0:  # float64 temporaries of a block, not of the part, reused block after block
+                wide = _wide(y.numel())
+            _rebuilt(y, z, g, w, lr, alpha, snapshot == FRESH, out, tuple(b[:y.numel()] for b in wide))
+        return u
 
 
 class AdamWScheduleFreeView(ScheduleFreeView):
@@ -203,17 +208,21 @@ def _rectification(group: dict[str, Any], step: int) -> tuple[float, bool]:
     return float(not group["silent_sgd_phase"]), False
 
 
+def _wide(m: int) -> tuple[Tensor, Tensor]:
+    """Two float64 buffers of ``m`` elements: the temporaries of :func:`_rebuilt` for a block of ``m``."""
+    return torch.empty(m, dtype=torch.float64), torch.empty(m, dtype=torch.float64)
+
+
 def _rebuilt(y_a: Tensor, z_a: Tensor, g: Tensor, w: float, lr: float, alpha: float, fresh: bool,
-             narrow: Tensor | None = None, wide: tuple[Tensor, Tensor] | None = None) -> Tensor:
-    """u = y_a - y_b from y_a, z_a and ĝ (module docstring): z_b and y_l in y's dtype, as the step's
-    stores were, y_b in float64 (y_b = z_b where ``fresh``); a tensor of y's dtype: ``narrow`` (a
-    buffer of y's size and dtype), its temporaries in ``wide`` (two float64 buffers), or new ones."""
-    z_b = torch.add(z_a, g, alpha=lr, out=narrow)
-    z_b = z_b.double() if wide is None else wide[0].copy_(z_b)
-    if not fresh:
-        y_l = torch.sub(y_a, g, alpha=alpha, out=narrow)
-        y_b = (y_l.double() if wide is None else wide[1].copy_(y_l)).sub_(z_b.mul_(w)).div_(1 - w)
+             out: Tensor, wide: tuple[Tensor, Tensor]) -> Tensor:
+    """u = y_a - y_b from y_a, z_a and ĝ (module docstring), into ``out`` (a tensor of y's size and
+    dtype): z_b and y_l in y's dtype, as the step's stores were, y_b in float64 (y_b = z_b where
+    ``fresh``), its temporaries in ``wide`` (two float64 buffers of y's size, :func:`_wide`)."""
+    z_b = wide[0].copy_(torch.add(z_a, g, alpha=lr, out=out))
+    if fresh:
+        y_b, spare = z_b, wide[1]
     else:
-        y_b = z_b
-    u = torch.sub(y_a, y_b, out=y_b)  # in float64: y_a is widened exactly
-    return u.to(y_a.dtype) if narrow is None else narrow.copy_(u)
+        y_l = torch.sub(y_a, g, alpha=alpha, out=out)
+        y_b, spare = wide[1].copy_(y_l).sub_(z_b.mul_(w)).div_(1 - w), z_b
+    u = torch.sub(spare.copy_(y_a), y_b, out=y_b)  # y_a widened exactly, into a buffer (not a cast's temporary)
+    return out.copy_(u)
