@@ -20,6 +20,8 @@ parameter, over ranks, over steps.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -47,7 +49,7 @@ their bits (float16 is binned as float32, where its subnormals are normal)."""
 _FOLDS: dict[tuple[torch.dtype, torch.device], Tensor] = {}
 
 
-def counts(x: Tensor, scale: Tensor | None = None) -> Tensor:
+def counts(x: Tensor, scale: Tensor | None = None, work: Any = None) -> Tensor:
     """The histogram of ``x``'s finite elements over :data:`EDGES`, on ``x``'s device.
 
     Each element's bin comes from its bits (:func:`keys`): its sign and the exponent of ``|x|``,
@@ -60,6 +62,7 @@ def counts(x: Tensor, scale: Tensor | None = None) -> Tensor:
             to float32; a complex one as its real and imaginary parts; a sparse one with its zeros).
         scale: an optional 0-dim tensor by which ``x`` is multiplied first (the reciprocal of a
             fused GradScaler's scale: exact for a power of two).
+        work: where the temporaries go (:func:`keys`); None: new tensors.
 
     Returns:
         Float64 tensor of shape ``(NBINS,)``: the counts (whole numbers; float64 so that they add
@@ -73,7 +76,7 @@ def counts(x: Tensor, scale: Tensor | None = None) -> Tensor:
         flat = flat.float()
     if scale is not None:
         flat = flat * scale.to(flat.dtype)
-    return _counted(keys(flat), fold(flat.dtype, flat.device), 1)[0]
+    return _counted(keys(flat, work), fold(flat.dtype, flat.device), 1)[0]
 
 
 def segment_counts(flat: Tensor, lengths: Tensor) -> Tensor:
@@ -100,13 +103,15 @@ def _counted(key: Tensor, table: Tensor, k: int) -> Tensor:
     return binned.index_add_(1, table, held.view(k, len(table)).double())[:, :NBINS]
 
 
-def keys(flat: Tensor) -> Tensor:
+def keys(flat: Tensor, work: Any = None) -> Tensor:
     """Each element's key, from its bits: ``E`` (the biased exponent) for a positive element,
     ``E' + top + 2`` for a negative one (``E'`` that of ``|x|`` less one unit in the last place, -1
     for -0.0; ``top`` the all-ones exponent), and -inf moved to the key of +inf.
 
     Args:
         flat: 1-D tensor of a dtype of :data:`BITS`.
+        work: a :class:`~monitored_optim.capture.store.Workspace` whose named buffers hold the
+            temporaries (valid until its next request of the same name); None: new tensors.
 
     Returns:
         int32 (int64 for float64) tensor like ``flat``, values in ``[0, 2·top + 2]``.
@@ -114,12 +119,16 @@ def keys(flat: Tensor) -> Tensor:
     kind, mantissa, exponent = BITS[flat.dtype]
     top, sign = (1 << exponent) - 1, torch.iinfo(kind).min
     bits = flat.contiguous().view(kind)
-    neg = bits >> (8 * bits.element_size() - 1)  # -1 for a negative element, else 0
-    key = bits & ~sign  # |x|'s bits
+
+    def room(name: str, dtype: torch.dtype = kind) -> Tensor:
+        return torch.empty_like(bits, dtype=dtype) if work is None else work.named(name, bits, dtype)
+
+    neg = torch.bitwise_right_shift(bits, 8 * bits.element_size() - 1, out=room("neg"))  # -1 if negative, else 0
+    key = torch.bitwise_and(bits, ~sign, out=room("key"))  # |x|'s bits
     key += neg
     key >>= mantissa
     key.sub_(neg, alpha=top + 2)
-    key.masked_fill_(bits == (sign | (top << mantissa)), top)  # -inf: not binned, as +inf
+    key.masked_fill_(torch.eq(bits, sign | (top << mantissa), out=room("inf", torch.bool)), top)  # -inf: as +inf
     return key if kind is not torch.int16 else key.int()  # index_add_ takes int32 and int64 indices
 
 

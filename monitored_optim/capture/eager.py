@@ -88,7 +88,7 @@ class Eager:
             e.owner.pieces.pop(histograms.KEYS["grad"], None)
         for e in entries:
             if e.p.grad is not None:
-                self.add_piece(e.owner, histograms.KEYS["grad"], histograms.counts(e.p.grad, scale))
+                self.add_piece(e.owner, histograms.KEYS["grad"], histograms.counts(e.p.grad, scale, batch.work))
 
     def after(self, chunk: list[Entry], states: list[dict[str, Any]], batch: stats.Batch) -> None:
         """Measure the stored change of each part of one chunk; its sums go to ``batch``.
@@ -145,9 +145,9 @@ class Eager:
         before = before if before is None else fetched(before, p)  # a staged snapshot, back one part at a time
         u, meant = stored_change(p, result, before, e.extremes, work, meant=self.verify or p.dtype in LOW_PRECISION)
         if self.binned:
-            changed = histograms.zeros(stats.count(p), p.device) if u is None else histograms.counts(u)
+            changed = histograms.zeros(stats.count(p), p.device) if u is None else histograms.counts(u, work=work)
             self.add_piece(e.owner, histograms.KEYS["u"], changed)
-            self.add_piece(e.owner, histograms.KEYS["param"], histograms.counts(p))
+            self.add_piece(e.owner, histograms.KEYS["param"], histograms.counts(p, work=work))
         if u is None:  # the view says nothing moved; verify mode checks that against its clone
             if clone is not None:
                 truth = Cloned(clone).update(p)

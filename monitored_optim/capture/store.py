@@ -152,14 +152,20 @@ class Workspace:
         """Hand :meth:`next`'s buffer out again from its start."""
         self._used = 0
 
-    def _take(self, kind: str, like: Tensor, start: int) -> Tensor:
-        key, n = (kind, like.dtype, like.device), like.numel()
+    def named(self, name: str, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+        """A contiguous tensor of ``like``'s shape and device (in ``dtype``, default ``like``'s), valid until
+        the next :meth:`named` of the same ``name`` and dtype (a pass's own temporaries: the histograms')."""
+        return self._take(name, like, 0, dtype or like.dtype)
+
+    def _take(self, kind: str, like: Tensor, start: int, dtype: torch.dtype | None = None) -> Tensor:
+        dtype = dtype or like.dtype
+        key, n = (kind, dtype, like.device), like.numel()
         buf = self._buffers.get(key)
         if buf is None:
-            buf = self._buffers[key] = torch.empty(max(n, self.nbytes // like.element_size()),
-                                                   dtype=like.dtype, device=like.device)
+            size = dtype.itemsize
+            buf = self._buffers[key] = torch.empty(max(n, self.nbytes // size), dtype=dtype, device=like.device)
         if start + n > buf.numel():
-            return torch.empty(like.shape, dtype=like.dtype, device=like.device)
+            return torch.empty(like.shape, dtype=dtype, device=like.device)
         return buf[start:start + n].view(like.shape)
 
 
