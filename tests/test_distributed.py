@@ -332,13 +332,19 @@ def test_zero_redundancy_optimizer(fn, tmp_path, want):
     print(fn.__name__, check(results, want, tmp_path, plain_ops=plain))
 
 
-def _fsdp2_tp(rank, world, outdir):
+def tp_model():
+    """The model on a (2, 2) mesh: fc1 and fc2 tensor parallel over ``tp``, every layer FSDP2 over ``dp``."""
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     net = model()
     parallelize_module(net, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
     for name in ("fc1", "fc2", "norm", "head"):
         fully_shard(getattr(net, name), mesh=mesh["dp"])
     fully_shard(net, mesh=mesh["dp"])
+    return net, mesh
+
+
+def _fsdp2_tp(rank, world, outdir):
+    net, mesh = tp_model()
     opt = Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT, monitor=config(outdir))
     placements = {n: [type(pl).__name__ for pl in p.placements] for n, p in net.named_parameters()}
     dp = mesh["dp"].get_local_rank()
@@ -644,12 +650,7 @@ def _fsdp2_hist(outdir):
 
 
 def _tp_hist(outdir):
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    net = model()
-    parallelize_module(net, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
-    for name in ("fc1", "fc2", "norm", "head"):
-        fully_shard(getattr(net, name), mesh=mesh["dp"])
-    fully_shard(net, mesh=mesh["dp"])
+    net, mesh = tp_model()
     opt = Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT, monitor=_hist_config(outdir))
     return net, opt, mesh["dp"].get_local_rank(), 2
 
