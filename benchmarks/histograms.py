@@ -21,13 +21,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import BATCH, SEQ, VOCAB, TinyLM  # noqa: E402
+from overhead import BATCH, SEQ, VOCAB, TinyLM, iteration  # noqa: E402
 
 from monitored_optim import Monitored, MonitorConfig  # noqa: E402
 
@@ -47,11 +46,6 @@ def build(mode: str, device: torch.device):
         backend="none", every=every, figures=figures))
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
@@ -65,24 +59,12 @@ def main() -> None:
     iters = {mode: [] for mode in MODES}
     for r in range(args.rounds + 1):  # round 0 warms up
         for mode, (model, opt) in built.items():
-            step_s, iter_s = [], []
+            timings = {"step": [], "iter": []}
             for _ in range(10):
-                sync(device)
-                start = time.perf_counter()
-                loss = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).reshape(-1, VOCAB),
-                                                         tokens[:, 1:].reshape(-1))
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                sync(device)
-                t = time.perf_counter()
-                opt.step()
-                sync(device)
-                end = time.perf_counter()
-                step_s.append(end - t)
-                iter_s.append(end - start)
+                iteration(model, opt, tokens, timings)
             if r:
-                steps[mode].append(statistics.mean(step_s))
-                iters[mode].append(statistics.mean(iter_s))
+                steps[mode].append(statistics.mean(timings["step"]))
+                iters[mode].append(statistics.mean(timings["iter"]))
     step = {mode: statistics.median(v) for mode, v in steps.items()}
     it = {mode: statistics.median(v) for mode, v in iters.items()}
     print(f"AdamW on TinyLM, {device}, {args.rounds} rounds of 10 iterations, torch {torch.__version__}")
