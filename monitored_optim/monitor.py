@@ -116,19 +116,28 @@ class Monitor(ReadBack):
         if self.settings.count == "calls":
             self._count.step += 1
 
-    def attach(self, optimizer: torch.optim.Optimizer) -> None:
-        """Bind to the optimizer once it is built: bind the view to it, watch ``config.model``, warn
-        about unnamed parameters, find matrices the snapshot rule takes from the first logging step."""
+    def attach(self, optimizer: torch.optim.Optimizer, wrapper: Any = None,
+               model: torch.nn.Module | None = None) -> None:
+        """Bind to the optimizer once it is built: bind the view to it, watch ``config.model`` and
+        ``model``, warn about unnamed parameters, find matrices the snapshot rule takes from the
+        first logging step. ``wrapper``: the DeepSpeed wrapper that steps it, where already known
+        (:func:`~monitored_optim.attach.attach` to an engine), which then counts its steps."""
         self._optimizer = weakref.ref(optimizer)
         self._usage.built = True
         self.view = bind(self.view, optimizer)
         self.capture.use(self.view)
-        if self.config is not None and self.config.model is not None:
-            self.watch(self.config.model)
-        every, chosen, unnamed = born(optimizer, self._model_names, self.settings.select, not self._warned_unnamed)
+        models = [m for m in (self.config.model if self.config is not None else None, model) if m is not None]
+        for m in models:
+            self._model_names.update((id(p), n) for n, p in m.named_parameters() if id(p) not in self._model_names)
+        tell = not self._warned_unnamed and wrapper is None  # DeepSpeed's flat buffers are named by its layout
+        every, chosen, unnamed = born(optimizer, self._model_names, self.settings.select, tell)
         self._warned_unnamed |= unnamed
         self._search.born = {id(p): n for n, p in every}
         self.capture.risk.mark_when_built(chosen)
+        if wrapper is not None:
+            self._engine = engine.EngineSteps(self, optimizer, wrapper, inside=False)
+        for m in models:
+            self.watch(m)
 
     def watch(self, model: torch.nn.Module) -> list[str]:
         """Name the optimizer's parameters after ``model``'s, and warn about those it does not hold.
@@ -164,8 +173,9 @@ class Monitor(ReadBack):
 
         Returns what the base step returns (the closure's loss, if any).
         """
-        if self._engine is None or self._engine is False and self._search.due(optimizer):
+        if not self._usage.stepped:
             self._usage.stepped = usage.ANY.stepped = True
+        if self._engine is None or self._engine is False and self._search.due(optimizer):
             self._engine = engine.find(self, optimizer) or self._search.missed(optimizer)
         if self._engine:
             return self._engine.call(optimizer, step_fn, args, kwargs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copyreg
 import dataclasses
+import functools
 import inspect
 import math
 import threading
@@ -42,16 +43,21 @@ def Monitored(optimizer_cls: O) -> O:
         isinstance(opt, torch.optim.AdamW)          # True
 
     Args:
-        optimizer_cls: a subclass of ``torch.optim.Optimizer`` (built-in or third-party). Passing an
-            already monitored class returns it unchanged.
+        optimizer_cls: a subclass of ``torch.optim.Optimizer`` (built-in or third-party), or a
+            ``functools.partial`` of one (timm's ``bind_defaults``). Passing an already monitored
+            class returns it unchanged.
 
     Returns:
         The subclass (named ``Monitored<Name>``); the same object for the same ``optimizer_cls``.
+        For a partial, the same partial of the monitored class.
 
     Raises:
         TypeError: ``optimizer_cls`` is not a class derived from ``torch.optim.Optimizer``, or its
             constructor already takes a ``monitor`` argument.
     """
+    if isinstance(optimizer_cls, functools.partial):
+        return functools.partial(Monitored(optimizer_cls.func), *optimizer_cls.args,  # type: ignore[return-value]
+                                 **optimizer_cls.keywords)
     if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
         raise TypeError("Monitored() expects an optimizer class, a subclass of torch.optim.Optimizer "
                         f"such as torch.optim.AdamW (the class, not an instance); got {optimizer_cls!r}")

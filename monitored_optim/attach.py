@@ -1,0 +1,156 @@
+"""``attach(obj)``: monitor an optimizer that already exists, in place.
+
+Most optimizers are built by a framework (the HF Trainer, Lightning, DeepSpeed, timm's factory),
+often wrapped before the user sees them (accelerate's ``AcceleratedOptimizer``, Lightning's
+``LightningOptimizer``, DeepSpeed's ZeRO wrappers) and with their ``step`` already wrapped by an
+LR scheduler. :func:`attach` finds the torch optimizer inside, turns its class into
+``Monitored(cls)`` and gives it a monitor, so that it is the optimizer ``Monitored(cls)`` would
+have built; the step wrappers made before point at the monitored step (:func:`reroute`).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, TypeVar
+
+import torch
+
+from ._warnings import warn
+from .config import MonitorConfig
+from .distributed.deepspeed import WRAPPERS
+from .monitor import Monitor
+from .monitored import Monitored, _step_count_kept
+
+T = TypeVar("T")
+
+_WRAPPER_PACKAGES = ("accelerate.", "lightning.", "pytorch_lightning.", "deepspeed.runtime.")
+"""Packages with optimizer classes that wrap another optimizer (held as ``optimizer`` or ``_optimizer``)."""
+
+
+def attach(obj: T, config: MonitorConfig | None = None) -> T:
+    """Monitor the optimizer ``obj`` is or holds, in place, and return ``obj``.
+
+    Afterwards the torch optimizer is an instance of ``Monitored(type(optimizer))`` and its monitor
+    is its ``.monitor``: the same object, param groups, state and trajectory bit for bit; its
+    ``state_dict()`` loads into the plain class. What wrapped or hooked its step before (an LR
+    scheduler, step hooks, accelerate's or a trainer's wrapper) still runs once per step. The step
+    axis continues from the steps the optimizer has taken (its state's count). Attaching an
+    optimizer that is already monitored changes nothing.
+
+    Example::
+
+        trainer = SomeTrainer(model)            # builds and wraps its own optimizer
+        attach(trainer.optimizer)               # or attach(deepspeed_engine)
+        trainer.optimizer.optimizer.monitor.latest
+
+    Args:
+        obj: a ``torch.optim.Optimizer``, or a wrapper holding one: accelerate's
+            ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``, a DeepSpeed engine or its
+            optimizer wrappers (the torch optimizer found through ``optimizer``/``_optimizer``).
+        config: as for ``Monitored(cls)(..., monitor=config)``; ``None`` reads the environment.
+
+    Returns:
+        ``obj`` itself.
+
+    Raises:
+        TypeError: ``obj`` holds no torch optimizer.
+        ValueError, ImportError, OSError: bad configuration, as ``Monitored(cls)`` raises them.
+
+    Warns:
+        RuntimeWarning: the optimizer has state but keeps no step count (SGD): the axis starts at
+        step 1; set ``opt.monitor.step`` to the steps taken to continue it.
+    """
+    return attach_at(obj, config, None)
+
+
+def attach_at(obj: T, config: MonitorConfig | None, steps: int | None) -> T:
+    """:func:`attach`, with the step axis continued from ``steps`` where the caller knows the steps
+    taken (a trainer's global step), else from the optimizer's own count."""
+    optimizer, wrapper, model = _inside(obj)
+    base = type(optimizer)
+    if "_monitored_base" in vars(base) or "_monitor" in vars(optimizer):
+        return obj  # already monitored: one monitor
+    monitor = Monitor(config, base)  # bad configuration fails before the optimizer changes
+    hooked = base.step
+    optimizer.__class__ = Monitored(base)
+    optimizer._patch_step_function()  # torch's hook wrapper on the monitored step, as __init__ does
+    reroute(optimizer, hooked, type(optimizer).step)
+    optimizer._monitor = monitor  # type: ignore[attr-defined]
+    kept = _step_count_kept(optimizer, -1)
+    if steps is None and kept < 0 and any(optimizer.state.values()):
+        warn(f"monitored_optim: the {base.__name__} attached has taken steps but keeps no step count, so the "
+             "monitor's x axis starts at step 1; set opt.monitor.step to the steps taken to continue it",
+             RuntimeWarning)
+    monitor.resume_at(steps if steps is not None else max(kept, 0))
+    monitor.attach(optimizer, wrapper, model)
+    return obj
+
+
+def _inside(obj: Any) -> tuple[torch.optim.Optimizer, Any, torch.nn.Module | None]:
+    """The torch optimizer in ``obj``, the DeepSpeed wrapper that steps it (or None), and the model
+    of a DeepSpeed engine met on the way (or None)."""
+    seen, wrapper, model, inner = [], None, None, obj
+    while inner is not None and not _is_optimizer(inner):
+        if id(inner) in seen:
+            break
+        seen.append(id(inner))
+        if type(inner).__name__ in WRAPPERS:
+            wrapper = inner
+        if model is None and isinstance(inner, torch.nn.Module) and isinstance(getattr(inner, "module", None),
+                                                                               torch.nn.Module):
+            model = inner.module  # a DeepSpeed engine (its .module is the model)
+        inner = _held(inner)
+    if inner is None or not _is_optimizer(inner):
+        raise TypeError(f"attach() expects a torch.optim.Optimizer or a wrapper holding one (accelerate's, "
+                        f"Lightning's, a DeepSpeed engine); found none in {type(obj).__name__}")
+    return inner, wrapper, model
+
+
+def _held(obj: Any) -> Any:
+    """The optimizer ``obj`` holds as ``_optimizer`` or ``optimizer``, or None."""
+    return getattr(obj, "_optimizer", None) or getattr(obj, "optimizer", None)
+
+
+def _is_optimizer(obj: Any) -> bool:
+    """Whether ``obj`` is a torch optimizer that does the arithmetic itself, not a framework's wrapper
+    of one (an optimizer of accelerate, Lightning or DeepSpeed's runtime that holds another)."""
+    return isinstance(obj, torch.optim.Optimizer) and not (
+        type(obj).__module__.startswith(_WRAPPER_PACKAGES) and _held(obj) is not None)
+
+
+def reroute(optimizer: torch.optim.Optimizer, old: Any, new: Any) -> int:
+    """Point the step wrappers on ``optimizer`` (an instance's ``step`` attribute) that call ``old``,
+    the class's step function, at ``new``; returns how many references were changed.
+
+    An LR scheduler keeps the class's function in its wrapper's closure; accelerate keeps the
+    bound method. Both are followed through wrappers of wrappers (closures, bound methods of
+    ``optimizer``, ``functools.partial``).
+    """
+    start = vars(optimizer).get("step")
+    return 0 if start is None else _reroute(start, old, new, optimizer, set())
+
+
+def _reroute(fn: Any, old: Any, new: Any, optimizer: Any, seen: set[int]) -> int:
+    if id(fn) in seen:
+        return 0
+    seen.add(id(fn))
+    if isinstance(fn, types.MethodType):
+        return _reroute(fn.__func__, old, new, optimizer, seen) if fn.__self__ is optimizer else 0
+    if hasattr(fn, "func") and hasattr(fn, "keywords"):  # functools.partial
+        return _reroute(fn.func, old, new, optimizer, seen)
+    changed = 0
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if value is old:
+            cell.cell_contents = new
+            changed += 1
+        elif isinstance(value, types.MethodType) and value.__func__ is old and value.__self__ is optimizer:
+            cell.cell_contents = types.MethodType(new, optimizer)
+            changed += 1
+        elif callable(value) and not isinstance(value, type):
+            changed += _reroute(value, old, new, optimizer, seen)
+    return changed
+
