@@ -101,7 +101,6 @@ def test_attached_after_steps_is_exact_and_changes_nothing(name):
     assert [step for *_, step in truths] == ([5, 6, 7, 8, 9] if counted else [1, 2, 3, 4, 5])
     for expected, logged, _ in truths:
         assert_figures_match(without_lost(logged), expected)
-    assert any(k.startswith("update_lost/") for _, logged, _ in truths for k in logged) == (kwargs["lr"] < 1e-6)
 
 
 def without_lost(logged: dict[str, float]) -> dict[str, float]:
@@ -114,6 +113,7 @@ def test_bf16_parameters_attached():
     run(torch.optim.AdamW, {"lr": 2e-2}, 5, 2, truths, dtype=torch.bfloat16)
     for expected, logged, _ in truths:
         assert_figures_match(without_lost(logged), expected, norm_rtol=1e-3)
+        assert 0 <= logged["update_lost/1.weight"] <= 1
 
 
 def test_attaching_twice_is_one_monitor_and_the_state_round_trips(tmp_path):
