@@ -34,13 +34,26 @@ TRAINERS = ("transformers", "deepspeed", "lightning", "accelerate")
 def tell_unstepped(usages: list[Usage]) -> None:
     """Warn once that monitored optimizers were built but never stepped, where no monitored optimizer
     of this process was and a trainer is loaded (one that built its own optimizer: nothing would be
-    logged, silently)."""
+    logged, silently), with the advice that fits the trainer loaded."""
     idle = [u for u in usages if u.built and not (u.stepped or u.told)]
     if not idle or ANY.stepped or not any(name in sys.modules for name in TRAINERS):
         return
     for u in idle:
         u.told = True
     warn(f"monitored_optim: {len(idle)} monitored optimizer(s) ({', '.join(sorted({u.label for u in idle}))}) were "
-         "built but never stepped, so nothing was logged; a trainer may have built its own optimizer instead (the HF "
-         "Trainer with deepspeed= does: give it optimizer_cls_and_kwargs=(Monitored(torch.optim.AdamW), {...}) instead "
-         "of optimizers=)", RuntimeWarning)
+         f"built but never stepped, so nothing was logged; {advice()}", RuntimeWarning)
+
+
+def advice() -> str:
+    """What to do instead, for the trainer loaded in this process."""
+    if "transformers" in sys.modules:
+        return ("the HF Trainer builds an optimizer of its own under deepspeed= (always with optimizers=(opt, None), "
+                "and from the DeepSpeed config's \"optimizer\" section): pass callbacks=[MonitorCallback()] "
+                "(from monitored_optim.hf import MonitorCallback) to monitor the optimizer it steps")
+    if "lightning" in sys.modules or "pytorch_lightning" in sys.modules:
+        return ("pass Trainer(callbacks=[MonitorCallback()]) (from monitored_optim.lightning import MonitorCallback) "
+                "to monitor the optimizers the Trainer steps")
+    if "deepspeed" in sys.modules:
+        return ("DeepSpeed builds an optimizer of its own from a config with an \"optimizer\" section: call "
+                "monitored_optim.attach(engine) after deepspeed.initialize to monitor the one it steps")
+    return "call monitored_optim.attach(optimizer) on the optimizer the trainer steps"

@@ -1,0 +1,70 @@
+"""The Hugging Face Trainer's callback: ``Trainer(..., callbacks=[MonitorCallback()])``.
+
+It monitors the optimizer the Trainer steps, whichever built it: the Trainer's default AdamW and
+its decay groups, any ``optim=``, a subclass's (TRL's trainers), accelerate's wrapper, or
+DeepSpeed's from a config's ``"optimizer"`` section; the optimizer's settings stay the Trainer's.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import transformers
+
+from .attach import attach_at
+from .config import MonitorConfig
+from .trainers import config_for
+
+REPORT_TO = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio",
+             "swanlab": "swanlab", "comet_ml": "comet"}
+"""``TrainingArguments.report_to`` names -> the monitor's backends (the others have none)."""
+
+
+class MonitorCallback(transformers.TrainerCallback):
+    """Monitor the optimizer the Trainer built, from the start of training.
+
+    Example::
+
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=train,
+                                       callbacks=[MonitorCallback()])
+        trainer.train()
+        trainer.optimizer.optimizer.monitor.latest   # the torch optimizer inside accelerate's wrapper
+
+    With no ``config``, the figures go where ``args.report_to`` sends the Trainer's (TensorBoard in
+    the Trainer's logging directory, or the W&B, MLflow, trackio, SwanLab or Comet run it opened;
+    none there: the ``MONITORED_OPTIM_*`` environment, else the defaults), on the steps the Trainer
+    logs (``logging_steps``, unless ``MONITORED_OPTIM_EVERY`` is set). The x axis is the optimizer
+    step, the Trainer's ``global_step``.
+
+    Args:
+        config: a :class:`~monitored_optim.config.MonitorConfig` used instead (its ``model`` defaults
+            to the Trainer's).
+    """
+
+    def __init__(self, config: MonitorConfig | None = None) -> None:
+        self.config = config
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
+                       **kwargs: Any) -> None:
+        if optimizer is None:
+            return
+        backends = [REPORT_TO[name] for name in args.report_to or [] if name in REPORT_TO]
+        logdir = tensorboard_dir(args) if "tensorboard" in backends or not backends else None
+        every = state.logging_steps if args.logging_strategy == "steps" else None
+        attach_at(optimizer, config_for(self.config, model, backends, logdir, every), state.global_step)
+
+
+def tensorboard_dir(args: Any) -> str:
+    """The directory the Trainer's TensorBoard callback writes to: ``TENSORBOARD_LOGGING_DIR``, else the
+    newest ``runs/<time>_<host>`` under ``args.output_dir`` (that callback makes it at the start of
+    training, before this one runs), else a new one there."""
+    if os.environ.get("TENSORBOARD_LOGGING_DIR"):
+        return os.path.expanduser(os.environ["TENSORBOARD_LOGGING_DIR"])
+    runs = [p for p in Path(args.output_dir, "runs").glob("*") if p.is_dir()]
+    if runs:
+        return str(max(runs, key=lambda p: p.stat().st_mtime))
+    from transformers.integrations.integration_utils import default_logdir
+
+    return os.path.join(args.output_dir, default_logdir())
