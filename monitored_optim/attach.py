@@ -63,9 +63,10 @@ def attach(obj: T, config: MonitorConfig | None = None) -> T:
     return attach_at(obj, config, None)
 
 
-def attach_at(obj: T, config: MonitorConfig | None, steps: int | None) -> T:
+def attach_at(obj: T, config: MonitorConfig | None, steps: int | None, names: torch.nn.Module | None = None) -> T:
     """:func:`attach`, with the step axis continued from ``steps`` where the caller knows the steps
-    taken (a trainer's global step), else from the optimizer's own count."""
+    taken (a trainer's global step), else from the optimizer's own count, and parameters named
+    after ``names`` (a model that several optimizers share) too."""
     optimizer, wrapper, model = _inside(obj)
     base = type(optimizer)
     if "_monitored_base" in vars(base) or "_monitor" in vars(optimizer):
@@ -82,7 +83,7 @@ def attach_at(obj: T, config: MonitorConfig | None, steps: int | None) -> T:
              "monitor's x axis starts at step 1; set opt.monitor.step to the steps taken to continue it",
              RuntimeWarning)
     monitor.resume_at(steps if steps is not None else max(kept, 0))
-    monitor.attach(optimizer, wrapper, model)
+    monitor.attach(optimizer, wrapper, model if model is not None else names)
     return obj
 
 

@@ -118,16 +118,17 @@ class Monitor(ReadBack):
 
     def attach(self, optimizer: torch.optim.Optimizer, wrapper: Any = None,
                model: torch.nn.Module | None = None) -> None:
-        """Bind to the optimizer once it is built: bind the view to it, watch ``config.model`` and
-        ``model``, warn about unnamed parameters, find matrices the snapshot rule takes from the
-        first logging step. ``wrapper``: the DeepSpeed wrapper that steps it, where already known
+        """Bind to the optimizer once it is built: bind the view to it, watch ``config.model``, name
+        parameters after ``model`` too (one of several optimizers of a model, a DeepSpeed engine's),
+        warn about unnamed parameters, find matrices the snapshot rule takes from the first logging
+        step. ``wrapper``: the DeepSpeed wrapper that steps it, where already known
         (:func:`~monitored_optim.attach.attach` to an engine), which then counts its steps."""
         self._optimizer = weakref.ref(optimizer)
         self._usage.built = True
         self.view = bind(self.view, optimizer)
         self.capture.use(self.view)
-        models = [m for m in (self.config.model if self.config is not None else None, model) if m is not None]
-        for m in models:
+        watched = self.config.model if self.config is not None else None
+        for m in (m for m in (watched, model) if m is not None):
             self._model_names.update((id(p), n) for n, p in m.named_parameters() if id(p) not in self._model_names)
         tell = not self._warned_unnamed and wrapper is None  # DeepSpeed's flat buffers are named by its layout
         every, chosen, unnamed = born(optimizer, self._model_names, self.settings.select, tell)
@@ -136,8 +137,8 @@ class Monitor(ReadBack):
         self.capture.risk.mark_when_built(chosen)
         if wrapper is not None:
             self._engine = engine.EngineSteps(self, optimizer, wrapper, inside=False)
-        for m in models:
-            self.watch(m)
+        if watched is not None:
+            self.watch(watched)
 
     def watch(self, model: torch.nn.Module) -> list[str]:
         """Name the optimizer's parameters after ``model``'s, and warn about those it does not hold.

@@ -27,17 +27,25 @@ class Truths:
     """The clone truth of each step of ``opt``, taken by its own step hooks (clones before, figures after)."""
 
     def __init__(self, opt: torch.optim.Optimizer, model: torch.nn.Module) -> None:
-        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.opt = opt
+        held = {id(p) for group in opt.param_groups for p in group["params"]}
+        self.named = [(n, p) for n, p in model.named_parameters() if id(p) in held]
         self.steps: list[dict[str, float]] = []
-        self._before = None
+        self._before = self._grads = None
         opt.register_step_pre_hook(self._pre)
         opt.register_step_post_hook(self._post)
+
+    def grads(self) -> None:
+        """Take the grads now (a step whose closure makes them: Lightning's, after its backward)."""
+        self._grads = snapshot(self.named)[1]
 
     def _pre(self, *_):
         self._before = snapshot(self.named)
 
     def _post(self, *_):
-        self.steps.append(figures(self.named, *self._before))
+        params, grads = self._before
+        self.steps.append(figures(self.named, params, self._grads or grads))
+        self._grads = None
 
 
 def monitor_figures(row: dict[str, float]) -> dict[str, float]:
@@ -126,3 +134,112 @@ def test_hf_optim_names_are_monitored_with_the_trainers_settings(tmp_path, optim
     for row in rows:
         assert_figures_match({k: v for k, v in row.items() if not k.startswith(("update_lost/", "step"))},
                              truths[row["step"] - 1])
+
+
+# ----------------------------------------------------------------------------------------- Lightning
+
+class Regression(lightning.LightningModule):
+    """A module the user cannot edit: AdamW with a StepLR in the dict ``configure_optimizers`` returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 1))
+        torch.nn.init.zeros_(self.net[0].bias)
+
+    def training_step(self, batch, _):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-2)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 3),
+                                                   "interval": "step"}}
+
+
+class TwoOptimizers(Regression):
+    """Manual optimization with two optimizers, one per half of the network (a GAN's two players)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, _):
+        x, y = batch
+        for opt in self.optimizers():
+            opt.zero_grad()
+            self.manual_backward(torch.nn.functional.mse_loss(self.net(x), y))
+            opt.step()
+
+    def configure_optimizers(self):
+        return [torch.optim.AdamW(self.net[:2].parameters(), lr=1e-2),
+                torch.optim.SGD(self.net[2:].parameters(), lr=1e-2, momentum=0.9)]
+
+
+class LitTruths(lightning.Callback):
+    def on_train_start(self, trainer, pl_module):
+        self.truths = [Truths(opt, pl_module) for opt in trainer.optimizers]
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        next(t for t in self.truths if t.opt is getattr(optimizer, "_optimizer", optimizer)).grads()
+
+
+def regression(n: int):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 8, generator=gen)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
+
+
+def lit_run(tmp_path: Path, module_cls, monitored: bool, logger, config=None, steps: int = 6):
+    from monitored_optim.lightning import MonitorCallback
+
+    module, truth = module_cls(), LitTruths()
+    trainer = lightning.Trainer(
+        max_steps=steps, logger=logger, accelerator="cpu", devices=1, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=2, default_root_dir=str(tmp_path),
+        callbacks=[MonitorCallback(config), truth] if monitored else [truth])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer.fit(module, regression(40))
+    told = [str(w.message) for w in seen if "optimizer.step()" in str(w.message) or "monitored_optim" in str(w.message)]
+    return module, trainer, truth.truths, told
+
+
+def test_lightning_unchanged_module_logs_beside_its_tensorboard_logger(tmp_path, monkeypatch):
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    monkeypatch.delenv("MONITORED_OPTIM_EVERY")  # log_every_n_steps sets the period
+    plain, *_ = lit_run(tmp_path / "plain", Regression, False, False)
+    logger = TensorBoardLogger(str(tmp_path / "tb"), name="lit")
+    module, trainer, (truths,), told = lit_run(tmp_path, Regression, True, logger)
+    assert told == []  # no word from Lightning or torch that step() was overridden after the scheduler
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), module.parameters()))
+    assert trainer.optimizers[0].monitor.step == trainer.global_step == 6
+    rows = read_tensorboard(Path(logger.log_dir))
+    logged = {step: monitor_figures(row) for step, row in rows.items() if monitor_figures(row)}
+    assert sorted(logged) == [2, 4, 6]
+    assert any("train_loss" in row for row in rows.values())  # the logger's own figures, same directory
+    for step, row in logged.items():
+        assert_figures_match(row, truths.steps[step - 1])
+    assert trainer.lr_scheduler_configs[0].scheduler.last_epoch == 6  # the scheduler still steps
+
+
+def test_lightning_two_optimizers_are_kept_apart_in_its_csv_loggers_directory(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    plain, *_ = lit_run(tmp_path / "plain", TwoOptimizers, False, False)
+    logger = CSVLogger(str(tmp_path / "csv"), name="lit")
+    module, trainer, truths, told = lit_run(tmp_path, TwoOptimizers, True, logger)
+    assert trainer.global_step == 6 and [opt.monitor.step for opt in trainer.optimizers] == [3, 3]
+    assert told == []
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), module.parameters()))
+    rows = [json.loads(line) for line in (Path(logger.log_dir) / "metrics.jsonl").read_text().splitlines()]
+    for prefix, names, truth in (("AdamW/", ("net.0.", "net.1."), truths[0]), ("SGD/", ("net.2.",), truths[1])):
+        own = [{k[len(prefix):]: v for k, v in row.items() if k.startswith(prefix)} for row in rows]
+        own = [row for row in own if row]
+        assert len(own) == 3 and all(k.split("/", 1)[1].startswith(names) for row in own for k in row
+                                     if k.startswith("update_norm/"))
+        for step, row in enumerate(own, 1):
+            assert_figures_match(row, truth.steps[step - 1])

@@ -1,0 +1,67 @@
+"""Lightning's callback: ``Trainer(callbacks=[MonitorCallback()])``, the LightningModule unchanged.
+
+It monitors every optimizer ``configure_optimizers`` returned (an optimizer, lists, the dict with an
+``lr_scheduler``), once the Trainer has built them, its schedulers and restored a checkpoint.
+"""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+
+from .attach import attach_at
+from .config import MonitorConfig
+from .trainers import config_for, prefixes
+
+
+class MonitorCallback(pl.Callback):
+    """Monitor the optimizers the Trainer built, from the start of training.
+
+    Example::
+
+        trainer = lightning.Trainer(max_steps=1000, callbacks=[MonitorCallback()])
+        trainer.fit(module)
+        trainer.optimizers[0].monitor.latest
+
+    With no ``config``, the figures go where the Trainer's logger writes: ``TensorBoardLogger``'s
+    ``log_dir`` (TensorBoard), ``CSVLogger``'s (``metrics.jsonl`` beside its ``metrics.csv``),
+    ``WandbLogger``'s run; no such logger: the ``MONITORED_OPTIM_*`` environment, else the
+    defaults. They log every ``log_every_n_steps`` optimizer steps (unless ``MONITORED_OPTIM_EVERY``
+    is set). The x axis is the optimizer step, the Trainer's ``global_step`` with one optimizer.
+    Several optimizers are kept apart by a tag prefix each: the class name, then ``-1``, ``-2``, ...
+    for the same class again (as ``LearningRateMonitor`` names them).
+
+    Args:
+        config: a :class:`~monitored_optim.config.MonitorConfig` used instead, for every optimizer
+            (its ``model`` defaults to the LightningModule; each optimizer's prefix is added to its own).
+    """
+
+    def __init__(self, config: MonitorConfig | None = None) -> None:
+        self.config = config
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        backends, logdir = destination(trainer)
+        optimizers = list(trainer.optimizers)
+        steps = trainer.global_step if len(optimizers) == 1 else None
+        watched = pl_module if len(optimizers) == 1 else None  # one of several holds part of the model
+        for opt, prefix in zip(optimizers, prefixes(optimizers)):
+            config = config_for(self.config, watched, backends, logdir, trainer.log_every_n_steps, prefix)
+            attach_at(opt, config, steps, pl_module)
+
+
+def destination(trainer: pl.Trainer) -> tuple[list[str], str | None]:
+    """The backends and log directory of the Trainer's loggers that the monitor can write beside."""
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
+
+    backends: list[str] = []
+    logdir: str | None = None
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            backends.append("tensorboard")
+            logdir = logdir or logger.log_dir
+        elif isinstance(logger, CSVLogger):
+            backends.append("jsonl")
+            logdir = logdir or logger.log_dir
+        elif isinstance(logger, WandbLogger):
+            logger.experiment  # noqa: B018 (opens the logger's run, which the monitor's W&B backend reuses)
+            backends.append("wandb")
+    return backends, logdir
