@@ -297,3 +297,68 @@ def test_a_direct_step_before_deepspeed_wraps_the_optimizer(tmp_path):
     for step, (want, got) in res["rows"].items():
         assert {t for t in got if t.startswith("param_norm/")} == {t for t in want if t.startswith("param_norm/")}
         assert abs(got["global/update_norm"] - want["global/update_norm"]) <= NORM_RTOL * want["global/update_norm"]
+
+
+def _attached(rank, world, outdir, stage, precision, monitored):
+    """``attach(engine)`` after ``deepspeed.initialize`` with the optimizer DeepSpeed builds from its
+    config's ``"optimizer"`` section; the same run without ``attach`` beside it."""
+    from monitored_optim import attach
+
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    net = model()
+    config = {"train_micro_batch_size_per_gpu": BATCH // world, "gradient_clipping": 0,
+              "zero_optimization": {"stage": stage}, "bf16": {"enabled": precision == "bf16"},
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}}
+    engine, wrapper, _, _ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
+    if monitored:
+        assert attach(engine, MonitorConfig(backend="jsonl", every=EVERY, logdir=os.path.join(outdir, "logs"))) \
+            is engine
+    opt = engine.basic_optimizer
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    rows = {}
+    for step in range(1, STEPS + 1):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(BATCH, 16, generator=g), torch.randn(BATCH, 5, generator=g)
+        half = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+        engine.backward((engine(x[half].to(dtype)).float() - y[half]).square().mean())
+        before, grads = full(net, stage, wrapper), full(net, stage, wrapper, grads=True)
+        engine.step()
+        if monitored:
+            rows[step] = (truth(before, full(net, stage, wrapper), grads), dict(opt.monitor.latest))
+    return {"rows": rows, "final": full(net, stage, wrapper), "class": type(opt).__mro__[int(monitored)].__name__,
+            "step": opt.monitor.step if monitored else None}
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_attach_to_an_engine_monitors_the_optimizer_deepspeed_built(stage, tmp_path):
+    def run(rank, world, outdir):
+        import warnings
+
+        out = {}
+        for precision in ("fp32", "bf16"):
+            for monitored in (True, False):
+                with warnings.catch_warnings(record=True) as seen:
+                    warnings.simplefilter("always")
+                    out[precision, monitored] = _attached(rank, world, os.path.join(outdir, precision), stage,
+                                                          precision, monitored)
+                out[precision, monitored]["warnings"] = [str(w.message) for w in seen
+                                                         if "monitored_optim" in str(w.message)]
+        return out
+
+    results = launch(run, 2, tmp_path, deadline=DEADLINE)
+    for precision in ("fp32", "bf16"):
+        got, plain = results[0][precision, True], results[0][precision, False]
+        assert got["class"] == plain["class"], precision  # DeepSpeed's own optimizer, monitored
+        for name, value in plain["final"].items():
+            assert torch.equal(got["final"][name], value), (precision, name)
+        assert got["step"] == STEPS and got["warnings"] == [], (precision, got["warnings"])
+        for step, (want, logged) in got["rows"].items():
+            assert {t for t in logged if t.startswith("param_norm/")} == {t for t in want if t.startswith("param_norm/")}
+            for tag, value in want.items():
+                if "_to_data/" in tag:
+                    assert abs(logged[tag] - value) <= RATIO_TOL, (precision, step, tag, logged[tag], value)
+                else:
+                    assert abs(logged[tag] - value) <= NORM_RTOL * abs(value) + 1e-30, (precision, step, tag)
+        assert results[1][precision, True]["rows"] == got["rows"]
+        lines = (tmp_path / precision / "logs" / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(line)["step"] for line in lines] == list(range(1, STEPS + 1))
