@@ -362,3 +362,83 @@ def test_attach_to_an_engine_monitors_the_optimizer_deepspeed_built(stage, tmp_p
         assert results[1][precision, True]["rows"] == got["rows"]
         lines = (tmp_path / precision / "logs" / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(line)["step"] for line in lines] == list(range(1, STEPS + 1))
+
+
+def _hf_callback(rank, world, outdir, stage, section):
+    """The HF Trainer with ``deepspeed=`` (a config with an ``"optimizer"`` section or none) and
+    ``callbacks=[MonitorCallback()]``, beside the same run without the callback; the gathered truth
+    of each step taken around the step of DeepSpeed's wrapper."""
+    import warnings
+
+    import transformers
+    from accelerate.state import AcceleratorState, PartialState
+
+    from monitored_optim.hf import MonitorCallback
+    from test_integrations import Tokens, tiny_gpt2
+
+    class Truth(transformers.TrainerCallback):
+        rows: list = []
+
+        def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+            wrapper = optimizer.optimizer  # accelerate's wrapper holds DeepSpeed's
+            step = wrapper.step
+
+            def measured(*a, **k):
+                before, grads = full(model, stage, wrapper), full(model, stage, wrapper, grads=True)
+                out = step(*a, **k)
+                self.rows.append(truth(before, full(model, stage, wrapper), grads))
+                return out
+
+            wrapper.step = measured
+
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    out = {}
+    for monitored in (True, False):
+        model = tiny_gpt2()
+        config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                  "gradient_clipping": "auto", "zero_optimization": {"stage": stage}}
+        if section:
+            config["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}}
+            config["zero_allow_untested_optimizer"] = True
+        args = transformers.TrainingArguments(
+            output_dir=os.path.join(outdir, f"hf{monitored}"), max_steps=STEPS, per_device_train_batch_size=2,
+            deepspeed=config, save_strategy="no", report_to=[], seed=0, data_seed=0, dataloader_num_workers=0,
+            disable_tqdm=True, learning_rate=1e-3, weight_decay=0.1, max_grad_norm=0.0)  # the truth's grads: unclipped
+        monitor = MonitorConfig(backend="jsonl", every=EVERY, logdir=os.path.join(outdir, "logs"))
+        measure = Truth()
+        measure.rows = []
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(16),
+                                       callbacks=[MonitorCallback(monitor), measure] if monitored else [])
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            trainer.train()
+        opt = trainer.model_wrapped.basic_optimizer
+        out[monitored] = {"final": full(model, stage, trainer.model_wrapped.optimizer),
+                          "names": [n for n, p in model.named_parameters() if p.requires_grad],
+                          "class": type(opt).__mro__[int(monitored)].__name__,
+                          "step": opt.monitor.step if monitored else None,
+                          "latest": dict(opt.monitor.latest) if monitored else None, "truth": measure.rows,
+                          "warnings": [str(w.message) for w in seen if "monitored_optim" in str(w.message)]}
+        AcceleratorState._reset_state(reset_partial_state=True)  # the next Trainer builds its own
+        PartialState._reset_state()
+    return out
+
+
+@pytest.mark.parametrize("stage,section", [(2, True), (3, True), (3, False)])
+def test_hf_trainer_deepspeed_callback_monitors_the_optimizer_it_steps(stage, section, tmp_path):
+    results = launch(lambda r, w, o: _hf_callback(r, w, o, stage, section), 2, tmp_path, deadline=DEADLINE)
+    got, plain = results[0][True], results[0][False]
+    assert got["class"] == plain["class"]
+    for name, value in plain["final"].items():
+        assert torch.equal(got["final"][name], value), name
+    assert got["step"] == STEPS and got["warnings"] == [] and len(got["truth"]) == STEPS
+    want = got["truth"][-1]
+    assert {t for t in got["latest"] if t.startswith("param_norm/")} == {f"param_norm/{n}" for n in got["names"]}
+    for tag, value in want.items():
+        if "_to_data/" in tag:
+            assert abs(got["latest"][tag] - value) <= RATIO_TOL, (tag, got["latest"][tag], value)
+        else:
+            assert abs(got["latest"][tag] - value) <= NORM_RTOL * abs(value) + 1e-30, (tag, got["latest"][tag], value)
+    assert results[1][True]["latest"] == got["latest"]
+    lines = (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(EVERY, STEPS + 1, EVERY))
