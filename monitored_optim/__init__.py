@@ -5,9 +5,9 @@ update-to-data ratio log10(std(Δθ) / std(θ)) goes to TensorBoard, W&B or a JS
 ``attach(optimizer)`` to one that a framework built.
 """
 
-from .attach import attach
+from .attach import attach, monitor_of
 from .config import MonitorConfig
 from .monitored import Monitored
 
-__all__ = ["Monitored", "MonitorConfig", "attach"]
+__all__ = ["Monitored", "MonitorConfig", "attach", "monitor_of"]
 __version__ = "0.1.0"

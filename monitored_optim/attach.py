@@ -87,6 +87,23 @@ def attach_at(obj: T, config: MonitorConfig | None, steps: int | None, names: to
     return obj
 
 
+def monitor_of(obj: Any) -> Monitor:
+    """The monitor of the optimizer ``obj`` is or holds (through the wrappers :func:`attach` knows).
+
+    Example: ``monitor_of(trainer.optimizer).latest``, under accelerate's wrapper, DeepSpeed's or
+    Lightning's alike.
+
+    Raises:
+        TypeError: ``obj`` holds no torch optimizer.
+        ValueError: the optimizer it holds is not monitored.
+    """
+    optimizer = _inside(obj)[0]
+    if "_monitor" not in vars(optimizer):
+        raise ValueError(f"the {type(optimizer).__name__} in {type(obj).__name__} is not monitored: "
+                         "monitored_optim.attach() it, or build it from Monitored(cls)")
+    return optimizer._monitor  # type: ignore[no-any-return]
+
+
 def _inside(obj: Any) -> tuple[torch.optim.Optimizer, Any, torch.nn.Module | None]:
     """The torch optimizer in ``obj``, the DeepSpeed wrapper that steps it (or None), and the model
     of a DeepSpeed engine met on the way (or None)."""

@@ -127,7 +127,8 @@ def _tags(name: str) -> tuple[str, ...]:
 def _health_checks(names: list[str], table: host.MomentTable, held: list[bool] | None = None) -> Checks:
     """The :class:`~monitored_optim.health.Checks` of a logging step from its table: a grad where the
     table has one, unchanged where it had a grad and its update is all zeros (unless ``held``, per
-    parameter: by the optimizer's design), non-finite values, grads (where it had one) and updates."""
+    parameter: by the optimizer's design), non-finite values, grads (where it had one) and updates,
+    and the ratios withheld for sums too coarse to tell their spread."""
     has_grad = table.has[:, 1]
     unchanged = has_grad & table.all_zero[:, 2] & (table.n[:, 0] > 0)
     if held is not None:
@@ -138,7 +139,9 @@ def _health_checks(names: list[str], table: host.MomentTable, held: list[bool] |
         rows = bad.any(1)
         nonfinite = {names[i]: tuple(label for label, hit in zip(("value", "grad", "update"), row) if hit)
                      for i, row in zip(rows.nonzero().flatten().tolist(), bad[rows].tolist())}
-    return Checks(names, has_grad.tolist(), unchanged.tolist(), nonfinite)
+    coarse = table.coarse
+    withheld = (coarse[:, 2] | coarse[:, 0]).sum() + (has_grad & (coarse[:, 1] | coarse[:, 0])).sum()
+    return Checks(names, has_grad.tolist(), unchanged.tolist(), nonfinite, int(withheld))
 
 
 def tensor_lrs(optimizer: torch.optim.Optimizer) -> dict[int, Tensor]:

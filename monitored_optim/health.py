@@ -1,7 +1,7 @@
 """Health of each parameter at a logging step: no grad, unchanged, non-finite; skipped AMP steps.
 
-Counts go to the backends as ``health/no_grad``, ``health/unchanged``, ``health/nonfinite`` and
-``health/skipped_steps``; each condition is also told once per parameter with ``warnings.warn``,
+Counts go to the backends as ``health/no_grad``, ``health/unchanged``, ``health/nonfinite``,
+``health/skipped_steps`` and ``health/withheld``; each condition is also told once per parameter with ``warnings.warn``,
 naming the parameter, so that it reaches a user who never opens TensorBoard: one warning per
 condition and logging step, naming the first parameter and up to five more (a model whose
 thousand layers stop changing at once gets one warning, not a thousand).
@@ -33,12 +33,16 @@ class Checks(NamedTuple):
         unchanged: it had a grad, yet its update is exactly zero in every element.
         nonfinite: name -> which of ``"value"``, ``"grad"``, ``"update"`` hold a NaN or Inf, for
             the parameters where some do.
+        withheld: how many ratios (``update_to_data``, ``grad_to_data``) were not sent because
+            their one-pass sums could not tell a spread tiny next to the mean (sent again from the
+            next logging step, which centres them).
     """
 
     names: list[str]
     has_grad: list[bool]
     unchanged: list[bool]
     nonfinite: dict[str, tuple[str, ...]]
+    withheld: int = 0
 
 
 class Health:
@@ -69,6 +73,7 @@ class Health:
             "health/unchanged": float(sum(checks.unchanged)),
             "health/nonfinite": float(len(checks.nonfinite)),
             "health/skipped_steps": float(self.skipped_steps),
+            "health/withheld": float(checks.withheld),
         }
 
     def check_watched(self, model: torch.nn.Module, params: list[torch.Tensor]) -> list[str]:

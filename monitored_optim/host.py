@@ -75,9 +75,16 @@ class MomentTable:
         (``mean^2 > RELIABLE_BELOW * var``: the float32 rounding of the sums, about 1e-7 * mean^2 / var
         of the variance, would show)."""
         std = torch.where(self.n > 1, (self.m2.clamp(min=0) / (self.n - 1)).sqrt(), math.nan)
+        return std if self.uncentred is None else torch.where(self.coarse, math.nan, std)
+
+    @functools.cached_property
+    def coarse(self) -> Tensor:
+        """Bool ``(N, K)``: uncentred sums whose mean is too large for their spread to be told
+        (``mean^2 > RELIABLE_BELOW * var``); such a std is withheld, and the next logging step takes
+        the centred pass (:attr:`needs_centring`)."""
         if self.uncentred is None:
-            return std
-        return torch.where(self.uncentred & (self.mean.square() > RELIABLE_BELOW * self.var), math.nan, std)
+            return torch.zeros_like(self.mean, dtype=torch.bool)
+        return self.uncentred & (self.n > 1) & (self.mean.square() > RELIABLE_BELOW * self.var)
 
     @functools.cached_property
     def has(self) -> Tensor:

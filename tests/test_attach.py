@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from monitored_optim import Monitored, MonitorConfig, attach
+from monitored_optim import Monitored, MonitorConfig, attach, monitor_of
 from truth import assert_figures_match, figures, snapshot
 
 
@@ -147,7 +147,7 @@ def test_the_optimizer_inside_accelerates_wrapper_is_monitored():
             before, grads = snapshot(named)
             wrapped.step()
             scheduler.step()
-            assert_figures_match(wrapped.optimizer.monitor.latest, figures(named, before, grads))
+            assert_figures_match(monitor_of(wrapped).latest, figures(named, before, grads))
     assert wrapped.optimizer.monitor.step == 3
 
 
@@ -165,3 +165,13 @@ def test_bad_input_fails_before_the_optimizer_changes():
     with pytest.raises(ValueError, match="every"):
         attach(opt, MonitorConfig(every=0))
     assert type(opt) is torch.optim.SGD
+
+
+def test_monitor_of_finds_the_monitor_through_the_wrappers():
+    opt = torch.optim.AdamW(model().parameters(), lr=1e-2)
+    with pytest.raises(ValueError, match="AdamW in AdamW is not monitored"):
+        monitor_of(opt)
+    with pytest.raises(TypeError, match="attach"):
+        monitor_of(model())
+    attach(opt, MonitorConfig(backend="none"))
+    assert monitor_of(opt) is opt.monitor

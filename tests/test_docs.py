@@ -64,6 +64,8 @@ def namespace(code: str, tmp_path) -> dict:
              "loss_fn": torch.nn.functional.mse_loss}
     if re.search(r"\b(transformers|accelerator|args|train|decay|no_decay)\b", code):
         names.update(_trainer_objects(tmp_path))
+    if re.search(r"\blightning\.", code):
+        names["lightning"] = pytest.importorskip("lightning")
     return names
 
 

@@ -4,6 +4,7 @@ here, and the trajectory and state_dict() equal the plain optimizer's bit for bi
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -380,3 +381,37 @@ def test_chunks_mixed_dtypes_and_lagging_steps_equal_clone_truth(cls, kwargs, dt
         assert steps["gated.weight"] == 2 and steps["fc0.weight"] == 5
     for (name, a), (_, b) in zip(plain_problem.named, mon_problem.named):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("factory", ["lion_pytorch", "sgd"])
+def test_an_update_whose_mean_jumps_far_above_its_spread_is_exact_at_the_jump(factory):
+    """Steps 1-4 move elements by random signs (their update's mean is small next to its spread, so
+    the next one takes no centred pass); step 5's grads all agree, and the update is nearly one value
+    for every element (Lion's sign step plus a weight decay of 0.05 * p, or SGD's of a constant grad
+    with a little noise): its ratio, about -5.3, is logged at step 5 and equals the truth's. The grad
+    jumps the same way: its ratio (undefined for Lion's constant grad) is withheld at step 5 and
+    counted (``health/withheld``), then sent, exact, from step 6 on where it is defined."""
+    if factory == "lion_pytorch":
+        lion = pytest.importorskip("lion_pytorch")
+        cls, kwargs = lion.Lion, {"lr": 1e-4, "weight_decay": 0.05}
+    else:
+        cls, kwargs = torch.optim.SGD, {"lr": 1e-4}
+    torch.manual_seed(0)
+    p = nn.Parameter(1 + 0.1 * torch.randn(300_000))  # large enough for the eager capture
+    named = [("norm.weight", p)]
+    opt = Monitored(cls)(named, **kwargs, monitor=MonitorConfig(backend="none", every=1))
+    for step in range(1, 7):
+        p.grad = torch.randn(300_000) if step < 5 else 100.0 + (factory == "sgd") * 1e-3 * torch.randn(300_000)
+        before, grads = truth.snapshot(named)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            opt.step()
+        # the grad's jump is a spike in its norm, which the spikes family tells once it has 5 values
+        assert [str(w.message)[:49] for w in seen] == (["monitored_optim: spike at step 6 in 'norm.weight'"]
+                                                        if step == 6 else [])
+        expected = truth.figures(named, before, grads)
+        assert expected["update_to_data/norm.weight"] < -4 or step < 5
+        if step == 5:
+            expected.pop("grad_to_data/norm.weight", None)
+            expected["health/withheld"] = 1.0
+        truth.assert_figures_match(opt.monitor.latest, expected)

@@ -26,7 +26,7 @@ def figures(named: list[tuple[str, Tensor]], before: dict[str, Tensor],
     ``held``: the step left every parameter unchanged by the optimizer's design (a silent warm-up
     phase), so none counts as unchanged."""
     out: dict[str, float] = {"health/no_grad": 0.0, "health/unchanged": 0.0, "health/nonfinite": 0.0,
-                             "health/skipped_steps": 0.0}
+                             "health/skipped_steps": 0.0, "health/withheld": 0.0}
     total = {"param": 0.0, "grad": 0.0, "update": 0.0}
     for name, p in named:
         p_b = before[name].double()
