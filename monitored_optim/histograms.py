@@ -24,6 +24,7 @@ the bins say how the elements spread, these where they end and their total.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -31,6 +32,7 @@ import torch
 from torch import Tensor
 
 from .pieces import MAX, MIN, SUM
+from .stats import SLICE
 
 LOW, HIGH = -40, 16
 """The smallest and largest magnitude edges: 2**-40 (about 9.1e-13) and 2**16 (65,536)."""
@@ -142,19 +144,25 @@ def pieces(series: str, x: Tensor, scale: Tensor | None = None, work: Any = None
 def extent(flat: Tensor, work: Any = None) -> tuple[Tensor, Tensor, Tensor]:
     """The min, max and ``(Σx, Σx²)`` of the finite elements of a 1-D tensor, float64 on its device.
 
+    Taken in float64 one slice of :data:`~monitored_optim.stats.SLICE` elements at a time (a part
+    of a parameter is one slice), so the temporaries stay 2 MiB whatever the tensor's size.
+
     Returns:
         ``(min, max, sums)`` of shapes ``(1,)``, ``(1,)``, ``(2,)``; min is +inf and max -inf where
         no element is finite (the identities of their reductions: no value), the sums then 0.
     """
-    bad = torch.isfinite(flat).logical_not_()
-    kept = (torch.empty_like(flat) if work is None else work.named("kept", flat)).copy_(flat).masked_fill_(bad, 0)
-    sums = torch.stack([kept.sum(dtype=torch.float64), torch.linalg.vector_norm(kept, dtype=torch.float64).square()])
-    if not flat.numel():
-        none = torch.full((1,), float("inf"), dtype=torch.float64, device=flat.device)
-        return none, -none, sums
-    low = kept.masked_fill_(bad, float("inf")).amin()  # the sums are taken: kept is free
-    high = kept.masked_fill_(bad, -float("inf")).amax()
-    return low.double().reshape(1), high.double().reshape(1), sums
+    inf = torch.full((1,), math.inf, dtype=torch.float64, device=flat.device)
+    low, high, sums = inf, -inf, torch.zeros(2, dtype=torch.float64, device=flat.device)
+    for piece in flat.split(SLICE):
+        if not piece.numel():
+            continue
+        x = piece.double() if work is None else work.named("kept", piece, torch.float64).copy_(piece)
+        bad = torch.isfinite(x).logical_not_()
+        x.masked_fill_(bad, 0.0)
+        sums = sums + torch.stack([x.sum(), torch.dot(x, x)])
+        low = torch.minimum(low, x.masked_fill_(bad, math.inf).amin())  # the sums are taken: x is free
+        high = torch.maximum(high, x.masked_fill_(bad, -math.inf).amax())
+    return low, high, sums
 
 
 def _flat(x: Tensor, scale: Tensor | None) -> Tensor:

@@ -336,17 +336,20 @@ def test_a_small_parameter_without_a_grad_at_a_step_has_no_grad_histogram_then()
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 @pytest.mark.parametrize("opt_cls", [torch.optim.SGD, torch.optim.AdamW])
-def test_a_non_finite_element_leaves_the_other_elements_binned(bad, opt_cls):
-    """A matrix holding one NaN or infinity (eager, inverted: its bounds are not finite): the other
-    elements' updates are binned, the bad one is not (health counts it)."""
-    w = nn.Parameter(torch.tensor([[1.0, 2.0, 3.0, bad], [1.0, 2.0, 3.0, 4.0]]).repeat(1, 1100))  # past SMALL
+@pytest.mark.parametrize("copies,route", [(1100, "view"), (1, "copied flat")], ids=["eager", "flat"])
+def test_a_non_finite_element_leaves_the_other_elements_binned(bad, opt_cls, copies, route):
+    """A matrix holding NaN or infinities: the other elements' updates are binned and make the min,
+    max and sums, the bad ones do not (health counts them); in the eager route (past SMALL, inverted:
+    its bounds are not finite) and in a flat chunk."""
+    w = nn.Parameter(torch.tensor([[1.0, 2.0, 3.0, bad], [1.0, 2.0, 3.0, 4.0]]).repeat(1, copies))
     opt = Monitored(opt_cls)([("w", w)], lr=0.5, monitor=MonitorConfig(backend="none", every=1, figures="histograms,health"))
     w.grad = torch.ones_like(w)
     before = w.detach().clone()
     with pytest.warns(RuntimeWarning, match="NaN or Inf"):
         opt.step()
-    assert "view" in opt.monitor.describe().split("capture:")[1]  # inverted, not snapshotted
+    assert route in opt.monitor.describe().split("capture:")[1]  # inverted or copied flat
     assert_exact(opt.monitor.histograms["update_hist/w"], truth(w.detach().double() - before.double()))
     assert_exact(opt.monitor.histograms["param_hist/w"], truth(w))  # over the finite elements
-    assert sum(opt.monitor.histograms["update_hist/w"]) == w.numel() - 1100
+    assert_exact(opt.monitor.histograms["grad_hist/w"], truth(w.grad))
+    assert sum(opt.monitor.histograms["update_hist/w"]) == w.numel() - copies
     assert opt.monitor.latest["health/nonfinite"] == 1
