@@ -690,3 +690,33 @@ def test_histograms_of_every_rank_equal_the_full_tensors_and_one_process(engine,
         # grad within 32 of its own: the ranks' sums of the batch are added in another order
     lines = (tmp_path / "logs" / "histograms.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [s for s in range(1, STEPS + 1) if s % EVERY == 0]
+
+
+def _failing_hist(rank, world, outdir):
+    """DDP with histograms (their wide and slotted rows in the table); rank 1 fails to build its part
+    of the table at the logging step: every rank gets the failure from the one collective."""
+    from monitored_optim.distributed import table
+
+    net, opt, part, parts = _ddp_hist(outdir)
+    if rank == 1:
+        def broken(*args, **kwargs):
+            raise ValueError("broken on purpose")
+
+        table._put_wide = broken
+    for step in range(1, EVERY + 1):
+        opt.zero_grad()
+        loss_of(net, step, part, parts).backward()
+        try:
+            opt.step()
+        except RuntimeError as err:
+            return step, str(err)
+    return EVERY, None
+
+
+def test_a_rank_that_fails_to_build_its_table_fails_every_rank_with_histograms_on(tmp_path):
+    """The failing rank's table has the others' rows (its wide and per-rank slot rows too), so the
+    collective completes and every rank raises, none hangs."""
+    results = launch(_failing_hist, 2, tmp_path)
+    for rank, (step, message) in enumerate(results):
+        assert step == EVERY and message is not None and "1 rank(s) could not reduce their figures" in message, rank
+    assert "ValueError: broken on purpose" in results[1][1] and "this rank" not in results[0][1]
