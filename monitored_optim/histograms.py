@@ -51,6 +51,7 @@ KEYS = {"u": "update_hist", "grad": "grad_hist", "param": "param_hist"}
 """What is binned -> its piece key and tag series: the stored change u, the grad the step used,
 the parameter after the step."""
 
+
 def extent_keys(series: str) -> tuple[str, str, str]:
     """The piece keys of the min, max and ``(Σx, Σx²)`` of ``series`` (``update_hist``, ...)."""
     return f"hist_min:{series}", f"hist_max:{series}", f"hist_sums:{series}"
@@ -86,9 +87,11 @@ class Histogram(list):
         return Histogram(self, self.min, self.max, self.sum, self.sum_squares)
 
     def __reduce__(self) -> tuple:
+        """Pickled with its extremes and sums (under ``torch.distributed`` results cross processes)."""
         return Histogram, (list(self), self.min, self.max, self.sum, self.sum_squares)
 
     def __repr__(self) -> str:
+        """The counts, then the extremes and sums by name."""
         return (f"Histogram({list.__repr__(self)}, min={self.min!r}, max={self.max!r}, sum={self.sum!r}, "
                 f"sum_squares={self.sum_squares!r})")
 
@@ -136,9 +139,8 @@ def pieces(series: str, x: Tensor, scale: Tensor | None = None, work: Any = None
     """The pieces of ``x``'s histogram under ``series``: its :func:`counts` and the :func:`extent`
     of the same finite elements, by key of :data:`PIECES` (arguments as :func:`counts`')."""
     flat = _flat(x, scale)
-    low, high, sums = extent(flat, work)
-    return dict(zip((series, *extent_keys(series)), (_counted(keys(flat, work), fold(flat.dtype, flat.device), 1)[0],
-                                                     low, high, sums)))
+    counted = _counted(keys(flat, work), fold(flat.dtype, flat.device), 1)[0]
+    return dict(zip((series, *extent_keys(series)), (counted, *extent(flat, work))))
 
 
 def extent(flat: Tensor, work: Any = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -194,12 +196,12 @@ def segment_pieces(series: str, flat: Tensor, lengths: Tensor) -> list[dict[str,
     k = lengths.numel()
     segment = torch.arange(k, device=flat.device).repeat_interleave(lengths, output_size=flat.numel())
     counts = _counted(keys(flat) + segment * len(table), table, k)
-    finite = torch.isfinite(flat)
+    bad = torch.isfinite(flat).logical_not_()
     wide = flat.double()
-    inf = torch.full((k,), float("inf"), dtype=torch.float64, device=flat.device)
-    low = inf.scatter_reduce(0, segment, wide.masked_fill(~finite, float("inf")), "amin")
-    high = (-inf).scatter_reduce(0, segment, wide.masked_fill(~finite, -float("inf")), "amax")
-    kept = wide.masked_fill(~finite, 0.0)
+    inf = torch.full((k,), math.inf, dtype=torch.float64, device=flat.device)
+    low = inf.scatter_reduce(0, segment, wide.masked_fill(bad, math.inf), "amin")
+    high = (-inf).scatter_reduce(0, segment, wide.masked_fill(bad, -math.inf), "amax")
+    kept = wide.masked_fill_(bad, 0.0)
     sums = torch.zeros(k, 2, dtype=torch.float64, device=flat.device).index_add_(0, segment,
                                                                                   torch.stack([kept, kept.square()], 1))
     return [dict(zip((series, *extent_keys(series)), values))
@@ -267,10 +269,8 @@ def zeros(series: str, n: int, device: torch.device) -> dict[str, Tensor]:
     """The :func:`pieces` of ``n`` exact zeros (a part the view says did not move) under ``series``."""
     counts = torch.zeros(NBINS, dtype=torch.float64, device=device)
     counts[ZERO] = n
-    none = torch.full((1,), float("inf"), dtype=torch.float64, device=device)
-    low, high = (torch.zeros(1, dtype=torch.float64, device=device),) * 2 if n else (none, -none)
-    return dict(zip((series, *extent_keys(series)), (counts, low, high, torch.zeros(2, dtype=torch.float64,
-                                                                                      device=device))))
+    one = torch.zeros(min(n, 1), device=device)  # n zeros end where one zero does, and add to 0
+    return dict(zip((series, *extent_keys(series)), (counts, *extent(one))))
 
 
 def of(names: list[str], pieces: list[dict[str, list[float]]]) -> dict[str, Histogram]:
@@ -292,4 +292,4 @@ def of(names: list[str], pieces: list[dict[str, list[float]]]) -> dict[str, Hist
 
 def _finite(value: list[float] | None) -> float | None:
     """The one host value of a min or max piece, None where it is missing or not finite."""
-    return value[0] if value is not None and abs(value[0]) != float("inf") else None
+    return value[0] if value is not None and abs(value[0]) != math.inf else None
