@@ -8,13 +8,16 @@ the dashboards grouped by depth (:mod:`monitored_optim.grouping`).
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import distributed, grouping
 from ._warnings import warn
 from .backends import Fanout
 from .config import Settings
 from .history import History
+
+if TYPE_CHECKING:
+    from .histograms import Histogram
 
 
 class Delivery:
@@ -25,26 +28,27 @@ class Delivery:
 
     Attributes:
         latest: ``dict[str, float]``, tag (with the prefix) -> value of the last logging step.
-        histograms: ``dict[str, list[int]]``, tag (with the prefix) -> counts of the last logging step.
+        histograms: ``dict[str, Histogram]``, tag (with the prefix) -> the counts, extremes and sums of
+            the last logging step (:class:`~monitored_optim.histograms.Histogram`).
         history: the in-memory history of the logging steps (``monitored_optim.history``).
     """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.latest: dict[str, float] = {}
-        self.histograms: dict[str, list[int]] = {}
+        self.histograms: dict[str, Histogram] = {}
         self.history = History()
         self.backends = Fanout(settings.backends, settings.logdir, settings.strict, settings.sinks)
         self._described: tuple[str, ...] = ()
         self._told_budget = False
 
     def send(self, step: int, figures: dict[str, float], roster: Any,
-             hists: dict[str, list[int]] | None = None) -> bool:
+             hists: dict[str, Histogram] | None = None) -> bool:
         """Make ``figures`` (tags without the prefix) the ``latest`` of ``step`` and record them; on the
         writing rank, write ``params.json`` when the parameters changed and send them to the backends.
 
         ``roster``: the step's parameters (``names``, ``shapes``, ``dtypes``); ``hists``: the step's
-        histograms, tag (without the prefix) -> counts (:func:`monitored_optim.histograms.of`), kept
+        histograms, tag (without the prefix) -> histogram (:func:`monitored_optim.histograms.of`), kept
         as ``histograms`` and sent after the figures. Returns whether this rank wrote (its
         backends are open)."""
         prefix = self.settings.prefix

@@ -13,7 +13,7 @@ logging step,
 (the median of an even count is the mean of the middle two, as ``statistics.median``). Parameters
 in no group of two or more, and the figures that are not per parameter (``global/*``, ``lr/*``,
 ``health/*``), are passed on as they are. The histograms of a group (``update_hist/{name}``, ...)
-are added bin by bin instead, :func:`summarize_histograms`.
+are added bin by bin instead (their extremes the group's, their sums added), :func:`summarize_histograms`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import functools
 import re
 import statistics
 
+from .histograms import Histogram, added
 from .tags import per_parameter
 
 STATS = ("min", "median", "max", "argmin", "argmax")
@@ -64,24 +65,26 @@ def summarize(figures: dict[str, float], prefix: str = "") -> dict[str, float]:
     return out
 
 
-def summarize_histograms(hists: dict[str, list[int]], prefix: str = "") -> dict[str, list[int]]:
+def summarize_histograms(hists: dict[str, Histogram], prefix: str = "") -> dict[str, Histogram]:
     """``hists`` with each depth group's histograms replaced by their sum, bin by bin.
 
     The groups are :func:`summarize`'s: ``update_hist/h.0.attn.weight`` ... ``update_hist/h.11.attn.weight``
     become one ``update_hist/h.*.attn.weight`` holding, in each bin, the count over every layer (the
-    fixed bins of :mod:`monitored_optim.histograms` add). Histograms of parameters in no group pass.
+    fixed bins of :mod:`monitored_optim.histograms` add), the least min and greatest max of the layers
+    and their sums added (:func:`~monitored_optim.histograms.added`). Histograms of parameters in no
+    group pass.
 
     Args:
-        hists: tag (with ``prefix``) -> the counts of one logging step, a list of ints per tag.
+        hists: tag (with ``prefix``) -> the :class:`~monitored_optim.histograms.Histogram` of one logging step.
         prefix: the monitor's tag prefix (``""`` or ``"gen/"``).
 
     Returns:
-        A new dict of tag -> counts (new lists for the groups, the others as given).
+        A new dict of tag -> histogram (new ones for the groups, the others as given).
     """
     kept, groups = _plan(tuple(hists), prefix)
     out = {tag: hists[tag] for tag in kept}
     for base, _, tags in groups:
-        out[base] = [sum(column) for column in zip(*(hists[tag] for tag in tags), strict=True)]
+        out[base] = added([hists[tag] for tag in tags])
     return out
 
 

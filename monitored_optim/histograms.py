@@ -16,14 +16,23 @@ so a count does not depend on the dtype the comparison runs in, and counts equal
 ``numpy.histogram(x, [-inf, *EDGES, inf])`` over the finite elements of x. Non-finite elements are
 not binned (``health/`` counts them). Counts of the same bins add: over the parts and shards of a
 parameter, over ranks, over steps.
+
+Beside its counts a histogram holds the exact min, max, sum and sum of squares of the same finite
+elements (:class:`Histogram`), each a piece of its own with its declared reduction (:data:`PIECES`):
+the bins say how the elements spread, these where they end and their total.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from .pieces import MAX, MIN, SUM
+from .stats import SLICE
 
 LOW, HIGH = -40, 16
 """The smallest and largest magnitude edges: 2**-40 (about 9.1e-13) and 2**16 (65,536)."""
@@ -41,6 +50,60 @@ ZERO = EDGES.index(-(2.0 ** LOW)) + 1
 KEYS = {"u": "update_hist", "grad": "grad_hist", "param": "param_hist"}
 """What is binned -> its piece key and tag series: the stored change u, the grad the step used,
 the parameter after the step."""
+
+
+def extent_keys(series: str) -> tuple[str, str, str]:
+    """The piece keys of the min, max and ``(Σx, Σx²)`` of ``series`` (``update_hist``, ...)."""
+    return f"hist_min:{series}", f"hist_max:{series}", f"hist_sums:{series}"
+
+
+PIECES = {key: how for series in KEYS.values() for key, how in zip((series, *extent_keys(series)), (SUM, MIN, MAX, SUM))}
+"""Every piece key of the histograms -> its reduction: per series its counts (SUM), the min (MIN),
+the max (MAX) and ``(Σx, Σx²)`` (SUM) of its finite elements."""
+
+WIDTHS = {key: width for series in KEYS.values() for key, width in ((series, NBINS), (extent_keys(series)[2], 2))}
+"""The width of each piece of :data:`PIECES` that holds more than one value."""
+
+
+class Histogram(list):
+    """One tensor's histogram: the counts of its finite elements in the :data:`NBINS` fixed bins (a
+    list of ints), with the exact extremes and sums of the same elements.
+
+    Attributes:
+        min, max: the smallest and largest finite element (float); None where there is none (an
+            empty tensor, or one of NaN and infinities only).
+        sum, sum_squares: Σx and Σx² over the finite elements (0.0 where there is none).
+
+    Example: ``Histogram(counts, -0.0012, 0.0011, -0.08, 2.1e-5)``; ``list(h)`` is the counts.
+    """
+
+    def __init__(self, counts: Iterable[int] = (), min: float | None = None, max: float | None = None,
+                 sum: float = 0.0, sum_squares: float = 0.0) -> None:
+        super().__init__(counts)
+        self.min, self.max, self.sum, self.sum_squares = min, max, sum, sum_squares
+
+    def copy(self) -> Histogram:
+        """A new histogram with the same counts, extremes and sums."""
+        return Histogram(self, self.min, self.max, self.sum, self.sum_squares)
+
+    def __reduce__(self) -> tuple:
+        """Pickled with its extremes and sums (under ``torch.distributed`` results cross processes)."""
+        return Histogram, (list(self), self.min, self.max, self.sum, self.sum_squares)
+
+    def __repr__(self) -> str:
+        """The counts, then the extremes and sums by name."""
+        return (f"Histogram({list.__repr__(self)}, min={self.min!r}, max={self.max!r}, sum={self.sum!r}, "
+                f"sum_squares={self.sum_squares!r})")
+
+
+def added(hists: list[Histogram]) -> Histogram:
+    """The histogram of the elements of all ``hists`` together: counts added bin by bin, the least
+    min, the greatest max, the sums added."""
+    lows = [h.min for h in hists if h.min is not None]
+    highs = [h.max for h in hists if h.max is not None]
+    return Histogram([sum(column) for column in zip(*hists, strict=True)], min(lows) if lows else None,
+                     max(highs) if highs else None, sum(h.sum for h in hists), sum(h.sum_squares for h in hists))
+
 
 BITS = {torch.float32: (torch.int32, 23, 8), torch.bfloat16: (torch.int16, 7, 8), torch.float64: (torch.int64, 52, 11)}
 """Dtype -> (the integer dtype of its bits, mantissa bits, exponent bits): the dtypes binned from
@@ -68,6 +131,45 @@ def counts(x: Tensor, scale: Tensor | None = None, work: Any = None) -> Tensor:
         Float64 tensor of shape ``(NBINS,)``: the counts (whole numbers; float64 so that they add
         with the other pieces, exactly up to 2**53 elements).
     """
+    flat = _flat(x, scale)
+    return _counted(keys(flat, work), fold(flat.dtype, flat.device), 1)[0]
+
+
+def pieces(series: str, x: Tensor, scale: Tensor | None = None, work: Any = None) -> dict[str, Tensor]:
+    """The pieces of ``x``'s histogram under ``series``: its :func:`counts` and the :func:`extent`
+    of the same finite elements, by key of :data:`PIECES` (arguments as :func:`counts`')."""
+    flat = _flat(x, scale)
+    counted = _counted(keys(flat, work), fold(flat.dtype, flat.device), 1)[0]
+    return dict(zip((series, *extent_keys(series)), (counted, *extent(flat, work))))
+
+
+def extent(flat: Tensor, work: Any = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The min, max and ``(Σx, Σx²)`` of the finite elements of a 1-D tensor, float64 on its device.
+
+    Taken in float64 one slice of :data:`~monitored_optim.stats.SLICE` elements at a time (a part
+    of a parameter is one slice), so the temporaries stay 2 MiB whatever the tensor's size.
+
+    Returns:
+        ``(min, max, sums)`` of shapes ``(1,)``, ``(1,)``, ``(2,)``; min is +inf and max -inf where
+        no element is finite (the identities of their reductions: no value), the sums then 0.
+    """
+    inf = torch.full((1,), math.inf, dtype=torch.float64, device=flat.device)
+    low, high, sums = inf, -inf, torch.zeros(2, dtype=torch.float64, device=flat.device)
+    for piece in flat.split(SLICE):
+        if not piece.numel():
+            continue
+        x = piece.double() if work is None else work.named("kept", piece, torch.float64).copy_(piece)
+        bad = torch.isfinite(x).logical_not_()
+        x.masked_fill_(bad, 0.0)
+        sums = sums + torch.stack([x.sum(), torch.dot(x, x)])
+        low = torch.minimum(low, x.masked_fill_(bad, math.inf).amin())  # the sums are taken: x is free
+        high = torch.maximum(high, x.masked_fill_(bad, -math.inf).amax())
+    return low, high, sums
+
+
+def _flat(x: Tensor, scale: Tensor | None) -> Tensor:
+    """``x`` as the 1-D tensor that is binned: dense, complex as real pairs, float16 (and other dtypes
+    not of :data:`BITS`) as float32, times ``scale``."""
     x = x.detach()
     if x.is_sparse:  # nn.Embedding(sparse=True)'s grad: its zeros count too
         x = x.to_dense()
@@ -76,23 +178,34 @@ def counts(x: Tensor, scale: Tensor | None = None, work: Any = None) -> Tensor:
         flat = flat.float()
     if scale is not None:
         flat = flat * scale.to(flat.dtype)
-    return _counted(keys(flat, work), fold(flat.dtype, flat.device), 1)[0]
+    return flat
 
 
-def segment_counts(flat: Tensor, lengths: Tensor) -> Tensor:
-    """The :func:`counts` of each of the consecutive segments of a flat tensor (a flat chunk's).
+def segment_pieces(series: str, flat: Tensor, lengths: Tensor) -> list[dict[str, Tensor]]:
+    """The :func:`pieces` of each of the consecutive segments of a flat tensor (a flat chunk's).
 
     Args:
+        series: the histogram's series (``update_hist``, ...).
         flat: 1-D tensor of a dtype of :data:`BITS`, the segments laid end to end.
         lengths: int64 tensor of shape ``(k,)`` on ``flat``'s device, positive, summing to ``flat.numel()``.
 
     Returns:
-        Float64 tensor of shape ``(k, NBINS)``.
+        Per segment, its pieces by key of :data:`PIECES`.
     """
     table = fold(flat.dtype, flat.device)
     k = lengths.numel()
     segment = torch.arange(k, device=flat.device).repeat_interleave(lengths, output_size=flat.numel())
-    return _counted(keys(flat) + segment * len(table), table, k)
+    counts = _counted(keys(flat) + segment * len(table), table, k)
+    bad = torch.isfinite(flat).logical_not_()
+    wide = flat.double()
+    inf = torch.full((k,), math.inf, dtype=torch.float64, device=flat.device)
+    low = inf.scatter_reduce(0, segment, wide.masked_fill(bad, math.inf), "amin")
+    high = (-inf).scatter_reduce(0, segment, wide.masked_fill(bad, -math.inf), "amax")
+    kept = wide.masked_fill_(bad, 0.0)
+    sums = torch.zeros(k, 2, dtype=torch.float64, device=flat.device).index_add_(0, segment,
+                                                                                  torch.stack([kept, kept.square()], 1))
+    return [dict(zip((series, *extent_keys(series)), values))
+            for values in zip(counts.unbind(), low.unsqueeze(1).unbind(), high.unsqueeze(1).unbind(), sums.unbind())]
 
 
 def _counted(key: Tensor, table: Tensor, k: int) -> Tensor:
@@ -152,16 +265,31 @@ def _bin(k: int, sign: int) -> int:
     return ZERO + sign * (1 + min(k, HIGH) - LOW)
 
 
-def zeros(n: int, device: torch.device) -> Tensor:
-    """The histogram of ``n`` exact zeros (a part the view says did not move): float64 ``(NBINS,)``."""
-    out = torch.zeros(NBINS, dtype=torch.float64, device=device)
-    out[ZERO] = n
+def zeros(series: str, n: int, device: torch.device) -> dict[str, Tensor]:
+    """The :func:`pieces` of ``n`` exact zeros (a part the view says did not move) under ``series``."""
+    counts = torch.zeros(NBINS, dtype=torch.float64, device=device)
+    counts[ZERO] = n
+    one = torch.zeros(min(n, 1), device=device)  # n zeros end where one zero does, and add to 0
+    return dict(zip((series, *extent_keys(series)), (counts, *extent(one))))
+
+
+def of(names: list[str], pieces: list[dict[str, list[float]]]) -> dict[str, Histogram]:
+    """The logging step's histograms, tag (``update_hist/{name}``, ...) -> :class:`Histogram`, from
+    each parameter's host pieces (``names[i]``'s in ``pieces[i]``; empty where the ``histograms``
+    family is off). Counts reduced over ranks are weighted sums: rounded here; a min or max that is
+    not finite (no finite element) is None."""
+    out = {}
+    for name, got in zip(names, pieces):
+        for series in KEYS.values():
+            if series not in got:
+                continue
+            low, high, sums = (got.get(key) for key in extent_keys(series))
+            total, squares = sums if sums is not None else (0.0, 0.0)
+            out[f"{series}/{name}"] = Histogram([round(c) for c in got[series]], _finite(low), _finite(high),
+                                                total, squares)
     return out
 
 
-def of(names: list[str], pieces: list[dict[str, list[float]]]) -> dict[str, list[int]]:
-    """The logging step's histograms, tag (``update_hist/{name}``, ...) -> counts (:data:`NBINS`
-    ints), from each parameter's host pieces (``names[i]``'s in ``pieces[i]``; empty where the
-    ``histograms`` family is off). Counts reduced over ranks are weighted sums: rounded here."""
-    return {f"{key}/{name}": [round(c) for c in got[key]]
-            for name, got in zip(names, pieces) for key in KEYS.values() if key in got}
+def _finite(value: list[float] | None) -> float | None:
+    """The one host value of a min or max piece, None where it is missing or not finite."""
+    return value[0] if value is not None and abs(value[0]) != math.inf else None

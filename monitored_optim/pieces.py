@@ -17,6 +17,9 @@ NORM      L2 norms, shape ``(k,)``                   ``hypot`` / ``sqrt`` of the
                                                      squares
 WHOLE     a value of the whole tensor, ``(1,)``      comes from one part / weighted sum over the
           (the spectral norm)                        replicas; undefined where ranks hold shards
+MIN       a least value, ``(1,)``; +inf: none        the least / the least over the ranks whose
+                                                     piece counts (weight > 0), replicas alike
+MAX       a greatest value, ``(1,)``; -inf: none     the greatest / as MIN
 ========  =========================================  ==============================================
 
 The monitor's own keys are :data:`CORE`; a figure family declares the keys it makes in its
@@ -31,7 +34,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import Tensor
 
-MOMENTS, SUM, NORM, WHOLE = "moments", "sum", "norm", "whole"
+MOMENTS, SUM, NORM, WHOLE, MIN, MAX = "moments", "sum", "norm", "whole", "min", "max"
 
 CORE = {"p": MOMENTS, "grad": MOMENTS, "u": MOMENTS, "lost": SUM, "exact": SUM, "verify": NORM}
 """The monitor's own keys: the moments, the bf16/fp16 lost-update count, the sum of p² over
@@ -73,8 +76,13 @@ def keys(families: Iterable[object]) -> Keys:
 
 
 def combine(how: str, held: Tensor, value: Tensor) -> Tensor:
-    """Two parts' values of one key, as one: NORM by ``hypot``, SUM (and the others) added."""
-    return torch.hypot(held, value) if how == NORM else held + value
+    """Two parts' values of one key, as one: NORM by ``hypot``, MIN and MAX the lesser and the
+    greater, SUM (and the others) added."""
+    if how == NORM:
+        return torch.hypot(held, value)
+    if how in (MIN, MAX):
+        return torch.minimum(held, value) if how == MIN else torch.maximum(held, value)
+    return held + value
 
 
 def accumulate(pieces: dict[str, Tensor], key: str, value: Tensor, reductions: Mapping[str, str]) -> None:

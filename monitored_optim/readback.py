@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .capture.plan import names as _names
+from .histograms import Histogram
 
 
 class ReadBack:
@@ -21,10 +22,12 @@ class ReadBack:
         return self._delivery.latest
 
     @property
-    def histograms(self) -> dict[str, list[int]]:
-        """Tag (``update_hist/{name}``, ``grad_hist/{name}``, ``param_hist/{name}``) -> the counts of
-        the last logging step in the bins of :mod:`monitored_optim.histograms` (``NBINS`` ints each);
-        empty unless ``MonitorConfig(figures=...)`` turns the ``histograms`` family on."""
+    def histograms(self) -> dict[str, Histogram]:
+        """Tag (``update_hist/{name}``, ``grad_hist/{name}``, ``param_hist/{name}``) -> the histogram of
+        the last logging step: the counts in the bins of :mod:`monitored_optim.histograms` (a list of
+        ``NBINS`` ints) with the exact ``min``, ``max``, ``sum`` and ``sum_squares`` of the finite
+        elements (:class:`~monitored_optim.histograms.Histogram`); empty unless
+        ``MonitorConfig(figures=...)`` turns the ``histograms`` family on."""
         return self._delivery.histograms
 
     def describe(self) -> str:

@@ -592,19 +592,19 @@ def _full(t):
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def histogram_of(x) -> list[int]:
-    import numpy as np
+def histogram_of(x):
+    """numpy's histogram of ``x``'s finite elements, with their min, max and sums (:func:`test_histograms.truth`)."""
+    from test_histograms import truth
 
-    from monitored_optim.histograms import EDGES
-
-    values = x.detach().double().reshape(-1).numpy()
-    return np.histogram(values[np.isfinite(values)], [-np.inf, *EDGES, np.inf])[0].tolist()
+    return truth(x)
 
 
 def _histograms(build):
     """Train the engine ``build(outdir) -> (net, opt, part, parts)`` makes with histograms at every
     logging step; per logging step the histograms of every rank and the truth from the full tensors."""
     def run(rank, world, outdir):
+        from test_histograms import spacing
+
         net, opt, part, parts = build(outdir)
         out = {}
         for step in range(1, STEPS + 1):
@@ -625,7 +625,8 @@ def _histograms(build):
                         truth[f"grad_hist/{canonical('/' + n)[1:]}"] = histogram_of(grads[n])
                 got = {f"{t.split('/', 1)[0]}/{canonical('/' + t.split('/', 1)[1])[1:]}": c
                        for t, c in opt.monitor.histograms.items()}
-                out[step] = (got, truth)
+                out[step] = (got, truth, {f"update_hist/{canonical('/' + n)[1:]}": spacing(_full(p.detach()))
+                                          for n, p in named})
         return out
     return run
 
@@ -663,7 +664,11 @@ def test_histograms_of_every_rank_equal_the_full_tensors_and_one_process(engine,
     """Every rank's histograms (their counts summed over the shards in the one collective, weighted
     where ranks hold replicas) equal numpy's of the full tensors gathered outside the step, bin for
     bin, and a single process on the global batch (on this data no rounding of the engines' grad
-    averaging moves a value across an edge)."""
+    averaging moves a value across an edge); their min and max (the extremes of the shards' in the
+    same collective) and sums are the full tensors' and the single process's (the update and p within
+    a spacing of p, the grad within 32 of its own: the engines' grad averaging rounds)."""
+    from test_histograms import assert_all_exact, record, spacing
+
     run = {"ddp": _ddp_hist_run, "fsdp2": _fsdp2_hist_run, "fsdp2 x tp": _tp_hist_run}[engine]
     results = launch(run, world, tmp_path)
     net = model()
@@ -676,8 +681,42 @@ def test_histograms_of_every_rank_equal_the_full_tensors_and_one_process(engine,
         if step % EVERY:
             continue
         for res in results:
-            got, truth = res[step]
-            assert got == results[0][step][0] and got == truth
-        assert single.monitor.histograms == results[0][step][0]
+            got, truth, spaced = res[step]  # u rebuilt from the state: within a spacing of p
+            assert {t: record(h) for t, h in got.items()} == {t: record(h) for t, h in results[0][step][0].items()}
+            assert_all_exact(got, truth, spaced)
+        spaced = {**spaced, **{t.replace("update_hist/", "param_hist/"): s for t, s in spaced.items()},
+                  **{f"grad_hist/{n}": 32 * spacing(p.grad) for n, p in net.named_parameters()}}
+        assert_all_exact(single.monitor.histograms, results[0][step][0], spaced)  # p within a spacing too, the
+        # grad within 32 of its own: the ranks' sums of the batch are added in another order
     lines = (tmp_path / "logs" / "histograms.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [s for s in range(1, STEPS + 1) if s % EVERY == 0]
+
+
+def _failing_hist(rank, world, outdir):
+    """DDP with histograms (their wide and slotted rows in the table); rank 1 fails to build its part
+    of the table at the logging step: every rank gets the failure from the one collective."""
+    from monitored_optim.distributed import table
+
+    net, opt, part, parts = _ddp_hist(outdir)
+    if rank == 1:
+        def broken(*args, **kwargs):
+            raise ValueError("broken on purpose")
+
+        table._put_wide = broken
+    for step in range(1, EVERY + 1):
+        opt.zero_grad()
+        loss_of(net, step, part, parts).backward()
+        try:
+            opt.step()
+        except RuntimeError as err:
+            return step, str(err)
+    return EVERY, None
+
+
+def test_a_rank_that_fails_to_build_its_table_fails_every_rank_with_histograms_on(tmp_path):
+    """The failing rank's table has the others' rows (its wide and per-rank slot rows too), so the
+    collective completes and every rank raises, none hangs."""
+    results = launch(_failing_hist, 2, tmp_path)
+    for rank, (step, message) in enumerate(results):
+        assert step == EVERY and message is not None and "1 rank(s) could not reduce their figures" in message, rank
+    assert "ValueError: broken on purpose" in results[1][1] and "this rank" not in results[0][1]

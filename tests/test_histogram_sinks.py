@@ -5,6 +5,7 @@ offline archive); a backend without a histogram type says so once; the depth gro
 
 from __future__ import annotations
 
+import bisect
 import json
 import time
 import warnings
@@ -20,23 +21,24 @@ from monitored_optim import grouping
 from monitored_optim.backends import Fanout
 from monitored_optim.backends.bins import span
 from monitored_optim.backends.tensorboard import DBL_MAX
-from monitored_optim.histograms import EDGES, KEYS, NBINS, ZERO, counts
+from monitored_optim.histograms import EDGES, KEYS, NBINS, ZERO, Histogram
 from monitored_optim.tags import family, per_parameter
 from tensorboard_server import get, tensorboard  # noqa: F401 (a fixture)
+from test_histograms import record, truth
 from wandb_files import read_metric_definitions, read_rows
 
 LIMITS = (-2.0 ** 17, *EDGES, 2.0 ** 17)
 """The drawn edges of every bin: the open outer bins end one power of two beyond 2**16."""
 MIDDLES = [(a + b) / 2 for a, b in zip(LIMITS, LIMITS[1:])]
 
-Steps = list[tuple[int, dict[str, float], dict[str, list[int]]]]
+Steps = list[tuple[int, dict[str, float], dict[str, Histogram]]]
 
 
 def training(steps: int = 3, prefix: str = "") -> Steps:
     """``(step, figures, histograms)`` of each step of a small SGD run, counted from clones as the
     monitor counts them: three layers of one kind (a depth group), a head, and a table that the loss
     does not use (no grad: an empty ``grad_hist``, an update of exact zeros) with weights beyond
-    ``2**16`` (the open outer bins)."""
+    ``2**16`` (the open outer bins). Each histogram holds the exact min, max and sums of the clone."""
     torch.manual_seed(0)
     model = nn.ModuleDict({"h": nn.Sequential(*[nn.Linear(8, 8) for _ in range(3)]), "head": nn.Linear(8, 2),
                            "table": nn.Embedding(2, 2)})
@@ -55,7 +57,7 @@ def training(steps: int = 3, prefix: str = "") -> Steps:
             seen = {"u": p.detach() - before[name], "param": p.detach(),
                     "grad": p.grad if p.grad is not None else torch.empty(0)}
             for key, series in KEYS.items():
-                hists[f"{prefix}{series}/{name}"] = [int(c) for c in counts(seen[key]).tolist()]
+                hists[f"{prefix}{series}/{name}"] = truth(seen[key])
         figures = {f"{prefix}global/update_norm": float(step)}
         out.append((step, figures, hists))
     return out
@@ -76,14 +78,21 @@ def dense(start: int, kept: list[int]) -> list[int]:
     return out
 
 
-def from_edges(edges: list[float], values: list[int]) -> list[int]:
-    """Dense counts from a histogram drawn between finite edges (:data:`LIMITS`)."""
-    start = LIMITS.index(edges[0])
-    assert edges == list(LIMITS[start:start + len(values) + 1])
-    return dense(start, values)
+def from_edges(edges: list[float], values: list[int]) -> Histogram:
+    """The dense counts, min and max of a histogram drawn from its min to its max, its inner edges
+    those of the fixed bins (:data:`LIMITS`); without sums (a dashboard's histogram has none)."""
+    start = min(max(bisect.bisect_right(LIMITS, edges[0]) - 1, 0), NBINS - 1)  # the bin of the min
+    assert edges[1:-1] == list(LIMITS[start + 1:start + len(values)]), edges
+    assert edges[0] <= edges[-1]
+    return Histogram(dense(start, values), edges[0], edges[-1])
 
 
-def nonempty(hists: dict[str, list[int]]) -> dict[str, list[int]]:
+def extent(hists: dict[str, Histogram]) -> dict[str, tuple]:
+    """Each histogram's counts, min and max."""
+    return {tag: (list(h), h.min, h.max) for tag, h in hists.items()}
+
+
+def nonempty(hists: dict[str, Histogram]) -> dict[str, Histogram]:
     return {tag: c for tag, c in hists.items() if any(c)}
 
 
@@ -105,9 +114,10 @@ def test_histograms_jsonl_holds_each_step_bin_for_bin(tmp_path):
     assert [row.pop("step") for row in rows] == [1, 2, 3]
     for row, (_, _, hists) in zip(rows, steps):
         assert row.pop("edges") == list(EDGES)
-        assert {tag: dense(h["start"], h["counts"]) for tag, h in row.items()} == hists
+        assert {tag: record(from_jsonl(h)) for tag, h in row.items()} == {tag: record(h) for tag, h in hists.items()}
         assert all(not h["counts"] or h["counts"][0] and h["counts"][-1] for h in row.values())  # trimmed
-    assert rows[0]["grad_hist/table.weight"] == {"start": 0, "counts": []}
+    assert rows[0]["grad_hist/table.weight"] == {"start": 0, "counts": [], "sum": 0.0, "sum_squares": 0.0}
+    assert rows[0]["param_hist/table.weight"]["min"] == -3e5 and rows[0]["param_hist/table.weight"]["max"] == 1e5
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0]) == {"step": 1, **steps[0][1]}
 
 
@@ -123,12 +133,21 @@ def test_histograms_jsonl_is_made_only_by_histograms_and_starts_a_line_after_a_c
     assert lines[0] == '{"step": 7, "edges": [-65536.0, ' and [json.loads(x)["step"] for x in lines[1:-1]] == [1, 2]
 
 
-def tensorboard_histograms(logdir: Path) -> dict[int, dict[str, list[int]]]:
+def from_jsonl(h: dict) -> Histogram:
+    """A histogram of a ``histograms.jsonl`` line (``start``, ``counts``, ``min``, ``max``, ``sum``,
+    ``sum_squares``; no ``min`` and ``max`` for an empty one)."""
+    assert set(h) == {"start", "counts", "sum", "sum_squares"} | ({"min", "max"} if h["counts"] else set()), h
+    return Histogram(dense(h["start"], h["counts"]), h.get("min"), h.get("max"), h["sum"], h["sum_squares"])
+
+
+def tensorboard_histograms(logdir: Path) -> dict[int, dict[str, Histogram]]:
+    """Per step, each ``HistogramProto`` of the event files in ``logdir`` as the dense counts of its
+    buckets (the fixed bins' right edges) with its ``min``, ``max``, ``sum`` and ``sum_squares``."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(logdir), size_guidance={"histograms": 0})
     acc.Reload()
-    out: dict[int, dict[str, list[int]]] = {}
+    out: dict[int, dict[str, Histogram]] = {}
     for tag in acc.Tags()["histograms"]:
         for event in acc.Histograms(tag):
             h = event.histogram_value
@@ -136,16 +155,19 @@ def tensorboard_histograms(logdir: Path) -> dict[int, dict[str, list[int]]]:
             stop = LIMITS.index(limits[-1])  # one past the last bin written
             start = stop - len(h.bucket)
             assert limits == list(LIMITS[start + 1:stop + 1]), tag
-            out.setdefault(event.step, {})[tag] = dense(start, [int(c) for c in h.bucket])
+            out.setdefault(event.step, {})[tag] = Histogram(dense(start, [int(c) for c in h.bucket]), h.min, h.max,
+                                                            h.sum, h.sum_squares)
             assert h.num == sum(h.bucket)
-            assert (h.min, h.max) == (LIMITS[max(start, 1)], LIMITS[min(stop, NBINS - 1)]), tag
+            assert (start == 0 or LIMITS[start] <= h.min) and h.min <= h.max \
+                and (stop == NBINS or h.max < LIMITS[stop]), tag  # in the first and the last bin
     return out
 
 
 def test_tensorboard_event_files_hold_each_histogram_bin_for_bin(tmp_path):
     steps = training(3)
     send(("tensorboard",), tmp_path, steps)
-    assert tensorboard_histograms(tmp_path) == {step: nonempty(hists) for step, _, hists in steps}
+    assert {step: {t: record(h) for t, h in hists.items()} for step, hists in tensorboard_histograms(tmp_path).items()} \
+        == {step: {t: record(h) for t, h in nonempty(hists).items()} for step, _, hists in steps}
 
 
 def until_steps(port: int, plugin: str, tag: str, steps: list[int]) -> list:
@@ -168,14 +190,17 @@ def test_tensorboard_shows_the_histograms_and_distributions_tabs(tmp_path, tenso
     shown = until_steps(port, "histograms", tag, [1, 2, 3])
     for (_, _, buckets), (_, _, hists) in zip(shown, steps):
         start, stop = span(hists[tag])
-        assert [[left, right] for left, right, _ in buckets] == [list(LIMITS[i:i + 2]) for i in range(start, stop)]
+        drawn = [hists[tag].min, *LIMITS[start + 1:stop], hists[tag].max]  # from the exact min to the exact max
+        assert [edge for left, right, _ in buckets for edge in (left, right)] == \
+            pytest.approx([edge for i in range(stop - start) for edge in drawn[i:i + 2]], rel=1e-7)  # float32 there
         assert [count for _, _, count in buckets] == hists[tag][start:stop]
     distributions = until_steps(port, "distributions", tag, [1, 2, 3])
     for (_, _, points), (_, _, hists) in zip(distributions, steps):
         start, stop = span(hists[tag])
         assert [bp for bp, _ in points] == [0, 668, 1587, 3085, 5000, 6915, 8413, 9332, 10000]
         values = [value for _, value in points]
-        assert values == sorted(values) and LIMITS[start] <= values[0] and values[-1] <= LIMITS[stop]
+        assert values == sorted(values) and values[0] == pytest.approx(hists[tag].min, rel=1e-7) \
+            and values[-1] == pytest.approx(hists[tag].max, rel=1e-7)  # the exact extremes, not bin edges
 
 
 def test_wandb_run_holds_each_histogram_at_its_optimizer_step(tmp_path):
@@ -186,7 +211,8 @@ def test_wandb_run_holds_each_histogram_at_its_optimizer_step(tmp_path):
     assert [row["optimizer/step"] for row in rows] == [1, 2, 3]
     for row, (_, _, hists) in zip(rows, steps):  # W&B keeps a histogram as {tag}/_type, /values, /bins
         shown = [key[:-len("/_type")] for key, value in row.items() if key.endswith("/_type") and value == "histogram"]
-        assert {tag: from_edges(row[f"{tag}/bins"], row[f"{tag}/values"]) for tag in shown} == nonempty(hists)
+        assert extent({tag: from_edges(row[f"{tag}/bins"], row[f"{tag}/values"]) for tag in shown}) \
+            == extent(nonempty(hists))
     definitions = read_metric_definitions(run_dir)
     assert all(definitions[f"{series}/*"] == "optimizer/step" for series in KEYS.values()), definitions
 
@@ -218,7 +244,7 @@ def test_trackio_and_comet_hold_each_histogram_at_its_step(name, tmp_path, monke
         for step, _, hists in steps:
             shown = {tag: h for tag, h in rows[step].items() if isinstance(h, dict)}
             assert all(h["_type"] == "trackio.histogram" for h in shown.values())
-            assert {tag: from_edges(h["bins"], h["values"]) for tag, h in shown.items()} == nonempty(hists)
+            assert extent({tag: from_edges(h["bins"], h["values"]) for tag, h in shown.items()}) == extent(nonempty(hists))
         return
     from comet_ml.data_structure import Histogram
 
@@ -276,7 +302,8 @@ def test_user_sinks_get_histograms_only_if_they_have_the_method(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         send((), tmp_path, steps, sinks=(keeper, Plain(), lambda metrics, step: seen.append(step)))
-    assert keeper.hists == {step: hists for step, _, hists in steps} and seen == [1, 2]
+    assert {step: {t: record(h) for t, h in hists.items()} for step, hists in keeper.hists.items()} == \
+        {step: {t: record(h) for t, h in hists.items()} for step, _, hists in steps} and seen == [1, 2]
     keeper.hists[1]["update_hist/h.0.weight"][0] += 1
     assert keeper.hists[1]["update_hist/h.0.weight"] != steps[0][2]["update_hist/h.0.weight"]  # a copy
 
@@ -309,7 +336,11 @@ def test_depth_groups_add_bin_by_bin_and_the_dashboards_get_them(tmp_path):
     for series in KEYS.values():
         members = [hists[f"gen/{series}/h.{i}.{kind}"] for i in range(3) for kind in ("weight",)]
         assert grouped[f"gen/{series}/h.*.weight"] == [sum(c) for c in zip(*members)]
-        assert grouped[f"gen/{series}/head.weight"] == hists[f"gen/{series}/head.weight"]
+        group = grouped[f"gen/{series}/h.*.weight"]  # the extremes of the members' elements, their sums added
+        assert (group.min, group.max) == (min(h.min for h in members), max(h.max for h in members))
+        assert group.sum == pytest.approx(sum(h.sum for h in members), rel=1e-12)
+        assert group.sum_squares == pytest.approx(sum(h.sum_squares for h in members), rel=1e-12)
+        assert record(grouped[f"gen/{series}/head.weight"]) == record(hists[f"gen/{series}/head.weight"])
         assert f"gen/{series}/h.0.weight" not in grouped
     assert len(grouped) == 3 * 5
     fanout = Fanout(("tensorboard", "jsonl"), tmp_path, strict=True)
@@ -317,7 +348,8 @@ def test_depth_groups_add_bin_by_bin_and_the_dashboards_get_them(tmp_path):
         fanout.log(figures, step)
         fanout.histograms(hists, step, compact=lambda hists=hists: grouping.summarize_histograms(hists, "gen/"))
     fanout.close()
-    assert tensorboard_histograms(tmp_path) == {
-        step: nonempty(grouping.summarize_histograms(hists, "gen/")) for step, _, hists in steps}
+    assert {step: {t: record(h) for t, h in got.items()} for step, got in tensorboard_histograms(tmp_path).items()} \
+        == {step: {t: record(h) for t, h in nonempty(grouping.summarize_histograms(hists, "gen/")).items()}
+            for step, _, hists in steps}
     rows = [json.loads(line) for line in (tmp_path / "histograms.jsonl").read_text().splitlines()]
     assert all(set(row) - {"step", "edges"} == set(hists) for row, (_, _, hists) in zip(rows, steps))

@@ -2,13 +2,15 @@
 
 Truth: clones of every parameter and grad before ``step()``; after it, ``numpy.histogram`` over
 ``[-inf, *EDGES, inf]`` of the finite elements of p_after - p_before (formed in float64 from the
-stored values), of the grad and of p_after. Counts must be equal, bin for bin, on the tensors real
-models have: LayerNorm weights at exactly 1.0 and biases at 0 (on and around edges), bf16 with many
-updates lost to rounding (exact zeros), warm-up learning rates of 1e-7, an empty parameter.
+stored values), of the grad and of p_after, and their min, max, sum and sum of squares. Counts must
+be equal, bin for bin, and the extremes and sums within 1e-6, on the tensors real models have:
+LayerNorm weights at exactly 1.0 and biases at 0 (on and around edges), bf16 with many updates lost
+to rounding (exact zeros), warm-up learning rates of 1e-7, an empty parameter (no min, no max).
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -16,15 +18,54 @@ import pytest
 import torch
 from torch import nn
 
-from monitored_optim import Monitored, MonitorConfig, histograms as H
+from monitored_optim import MonitorConfig, Monitored
+from monitored_optim import histograms as H
 
 STEPS = 3
 
 
-def truth(x: torch.Tensor) -> list[int]:
-    """numpy's histogram of ``x``'s finite elements over the declared edges (open outer bins)."""
+def truth(x: torch.Tensor) -> H.Histogram:
+    """numpy's histogram of ``x``'s finite elements over the declared edges (open outer bins), with
+    their min and max (None where there is none), sum and sum of squares, in float64."""
     values = x.detach().double().reshape(-1).numpy()
-    return np.histogram(values[np.isfinite(values)], [-np.inf, *H.EDGES, np.inf])[0].tolist()
+    kept = values[np.isfinite(values)]
+    counts = np.histogram(kept, [-np.inf, *H.EDGES, np.inf])[0].tolist()
+    low, high = (float(kept.min()), float(kept.max())) if kept.size else (None, None)
+    return H.Histogram(counts, low, high, float(kept.sum()), float(np.square(kept).sum()))
+
+
+def record(h: H.Histogram) -> tuple:
+    """Everything a histogram holds: its counts, min, max, sum and sum of squares."""
+    return list(h), h.min, h.max, h.sum, h.sum_squares
+
+
+def assert_exact(got: H.Histogram, want: H.Histogram, tag: str = "", spacing: float = 0.0) -> None:
+    """``got`` has ``want``'s counts, its min and max within 1e-6 relative (None alike), its sum of
+    squares within 1e-6 relative and its sum within 1e-6 of sqrt(n·Σx²) (which bounds Σ|x|: the
+    scale of a sum's rounding where its terms cancel); each element may be off by ``spacing`` more
+    (an update rebuilt from the optimizer's state is the stored change within a spacing of p)."""
+    assert list(got) == list(want), (tag, np.nonzero(np.subtract(got, want)))
+    assert (got.min is None, got.max is None) == (want.min is None, want.max is None), (tag, record(got))
+    if want.min is not None:
+        assert got.min == pytest.approx(want.min, rel=1e-6, abs=spacing), (tag, got.min, want.min)
+        assert got.max == pytest.approx(want.max, rel=1e-6, abs=spacing), (tag, got.max, want.max)
+    n, scale = sum(want), math.sqrt(sum(want) * want.sum_squares)  # scale >= Σ|x|
+    assert got.sum_squares == pytest.approx(want.sum_squares, rel=1e-6, abs=2 * scale * spacing + n * spacing ** 2), \
+        (tag, record(got), record(want))
+    assert abs(got.sum - want.sum) <= 1e-6 * scale + n * spacing, (tag, got.sum, want.sum)
+
+
+def assert_all_exact(got: dict[str, H.Histogram], want: dict[str, H.Histogram],
+                     spacing: dict[str, float] | None = None) -> None:
+    """The same tags, each histogram :func:`assert_exact` (within ``spacing[tag]`` where given)."""
+    assert set(got) == set(want), set(got) ^ set(want)
+    for tag, h in want.items():
+        assert_exact(got[tag], h, tag, (spacing or {}).get(tag, 0.0))
+
+
+def spacing(p: torch.Tensor) -> float:
+    """A spacing of the floating numbers of ``p``'s dtype at its largest magnitude."""
+    return float(torch.finfo(p.dtype).eps * p.detach().abs().max()) if p.numel() else 0.0
 
 
 class Net(nn.Module):
@@ -44,12 +85,12 @@ class Net(nn.Module):
         return self.head(self.norm(torch.tanh(self.fc(x)))) + self.empty.sum()
 
 
-def run(opt_cls, dtype, lr, steps=STEPS, step=None, compile="auto", **kwargs):
-    """Train ``Net`` in ``dtype`` with a monitored ``opt_cls`` logging histograms at every step; yield
-    per step (optimizer, the truth per tag)."""
+def run(opt_cls, dtype, lr, steps=STEPS, step=None, compile="auto", monitor=None, **kwargs):
+    """Train ``Net`` in ``dtype`` with a monitored ``opt_cls`` logging histograms at every step (or
+    as the ``MonitorConfig`` fields of ``monitor`` say); yield per step (optimizer, the truth per tag)."""
     net = Net().to(dtype)
     opt = Monitored(opt_cls)(net.named_parameters(), lr=lr, **kwargs, monitor=MonitorConfig(
-        backend="none", every=1, figures="histograms", compile=compile))
+        **{"backend": "none", "every": 1, "figures": "histograms", "compile": compile, **(monitor or {})}))
     stepper = step(opt) if step is not None else opt.step
     for i in range(steps):
         g = torch.Generator().manual_seed(i)
@@ -93,13 +134,13 @@ def test_counts_equal_numpy_histogram_of_the_clone_truth(opt_cls, kwargs, dtype,
         warnings.filterwarnings("ignore", "monitored_optim: parameter .* has not changed", RuntimeWarning)
         for opt, want in run(opt_cls, dtype, lr, **kwargs):
             got = opt.monitor.histograms
-            assert set(got) == set(want)
-            for tag, counts in want.items():
-                assert got[tag] == counts, (tag, np.nonzero(np.subtract(got[tag], counts)))
+            assert_all_exact(got, want)
     sizes = {n: p.numel() for n, p in Net().named_parameters()}
     assert all(sum(got[f"update_hist/{n}"]) == sizes[n] for n in sizes)  # every element counted once
     if dtype is torch.bfloat16 and lr == 1e-7:  # bf16 loses these updates: exact zeros, the zero bin
         assert got["update_hist/norm.weight"][H.ZERO] == 32
+        assert (got["update_hist/norm.weight"].min, got["update_hist/norm.weight"].max) == (0.0, 0.0)
+    assert (got["param_hist/empty"].min, got["param_hist/empty"].max, got["param_hist/empty"].sum) == (None, None, 0.0)
 
 
 def test_the_edges_are_exact_in_every_dtype_and_values_on_them_go_up():
@@ -137,26 +178,30 @@ def test_a_closure_step_bins_the_grads_its_closure_makes():
         p.grad = torch.zeros_like(p)
     opt.step(closure)
     for n, g in made.items():
-        assert opt.monitor.histograms[f"grad_hist/{n}"] == truth(g), n
+        assert_exact(opt.monitor.histograms[f"grad_hist/{n}"], truth(g), n)
     assert sum(opt.monitor.histograms["grad_hist/fc.weight"]) == 16 * 32  # replaced, not added to the stale
 
 
-@pytest.mark.parametrize("compile", [True, False])
-def test_a_compiled_step_gives_the_counts_of_the_eager_one(compile):
+def test_a_compiled_step_gives_the_counts_of_the_eager_one():
     """``torch.compile(opt.step)``: the logging step's capture runs outside the compiled graph and
-    bins the same tensors, so the counts equal the eager run's and the truth; with
-    ``MonitorConfig(compile=True)`` no parameter takes a compiled route (they have no binning pass):
-    the small ones are binned in their flat chunk, the others eagerly, with the same counts."""
-    eager = [dict(opt.monitor.histograms) for opt, _ in run(torch.optim.AdamW, torch.float32, 1e-3,
-                                                            compile=compile)]
-    opt = opt_of_last_run(compile)
-    routes = opt.monitor.describe().split("capture:", 1)[1]
-    assert ", fused" not in routes and "copied flat" in routes, routes  # small ones binned flat, none compiled
+    bins the same tensors, so the counts equal the eager run's and every record (extremes and sums
+    too) its own clone truth (the compiled step's arithmetic differs from the eager one's in the last
+    bits). ``MonitorConfig(compile=True)`` and ``compile=False`` give the same records: no parameter
+    takes a compiled route (they have no binning pass), the small ones are binned in their flat chunk,
+    the others eagerly."""
+    eager = {}
+    for compile in (True, False):
+        eager[compile] = [{t: record(h) for t, h in opt.monitor.histograms.items()}
+                          for opt, _ in run(torch.optim.AdamW, torch.float32, 1e-3, compile=compile)]
+        opt = opt_of_last_run(compile)  # held: the monitor reads its optimizer through a weak reference
+        routes = opt.monitor.describe().split("capture:", 1)[1]
+        assert ", fused" not in routes and "copied flat" in routes, routes  # small ones binned flat, none compiled
+    assert eager[True] == eager[False]
     compiled = []
     for opt, want in run(torch.optim.AdamW, torch.float32, 1e-3, step=lambda o: torch.compile(o.step)):
-        compiled.append(dict(opt.monitor.histograms))
-        assert compiled[-1] == want
-    assert compiled == eager
+        assert_all_exact(opt.monitor.histograms, want)
+        compiled.append({t: list(h) for t, h in opt.monitor.histograms.items()})
+    assert compiled == [{t: counts for t, (counts, *_) in step.items()} for step in eager[True]]
 
 
 def opt_of_last_run(compile):
@@ -194,44 +239,50 @@ def test_a_large_parameter_measured_in_parts_is_counted_once_over_its_parts(opt_
         opt.step()
         assert "in 8 slices" in opt.monitor.describe() or opt_cls is OwnStep
         got = opt.monitor.histograms
-        assert got["update_hist/weight"] == truth(net.weight.detach().double() - before.double())
-        assert got["grad_hist/weight"] == truth(grad) and got["param_hist/weight"] == truth(net.weight)
+        assert_exact(got["update_hist/weight"], truth(net.weight.detach().double() - before.double()))
+        assert_exact(got["grad_hist/weight"], truth(grad))
+        assert_exact(got["param_hist/weight"], truth(net.weight))
 
 
 def test_through_the_optimizer_tensorboard_wandb_and_histograms_jsonl_hold_each_step(tmp_path):
     """A monitored run logging to TensorBoard, W&B (offline) and JSONL: each logging step's
     histograms, read back from the event files, the offline run and ``histograms.jsonl``, equal
-    ``opt.monitor.histograms`` and the clone truth; the scalars' ``metrics.jsonl`` holds none."""
+    ``opt.monitor.histograms`` and the clone truth, with the exact min, max, sum and sum of squares
+    of u, the grad and p (W&B: min and max, the drawn edges of the outer bins); the scalars'
+    ``metrics.jsonl`` holds none."""
     import json
 
-    from test_histogram_sinks import dense, from_edges, nonempty, tensorboard_histograms
+    from test_histogram_sinks import (
+        extent,
+        from_edges,
+        from_jsonl,
+        nonempty,
+        tensorboard_histograms,
+    )
     from wandb_files import read_rows
 
-    net = Net()
-    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), lr=1e-3, monitor=MonitorConfig(
-        backend="tensorboard,wandb,jsonl", logdir=tmp_path, every=2, figures="default,histograms"))
     seen = {}
-    for i in range(4):
-        opt.zero_grad()
-        net(torch.randn(8, 16, generator=torch.Generator().manual_seed(i))).square().mean().backward()
-        before = {n: p.detach().clone() for n, p in net.named_parameters()}
-        opt.step()
-        if opt.monitor.step % 2 == 0:
-            seen[opt.monitor.step] = dict(opt.monitor.histograms)
-            for n, p in net.named_parameters():
-                assert seen[opt.monitor.step][f"update_hist/{n}"] == truth(p.detach().double() - before[n].double())
-    opt.monitor.close()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "monitored_optim: parameter .* has not changed", RuntimeWarning)
+        for opt, want in run(torch.optim.AdamW, torch.bfloat16, 1e-7, steps=4, monitor={
+                "backend": "tensorboard,wandb,jsonl", "logdir": tmp_path, "every": 2, "figures": "default,histograms"}):
+            if opt.monitor.step % 2 == 0:
+                seen[opt.monitor.step] = dict(opt.monitor.histograms)
+                assert_all_exact(seen[opt.monitor.step], want)
+        opt.monitor.close()
+    exact = {step: {t: record(h) for t, h in hists.items()} for step, hists in seen.items()}
     rows = [json.loads(line) for line in (tmp_path / "histograms.jsonl").read_text().splitlines()]
-    assert {row["step"]: {t: dense(h["start"], h["counts"]) for t, h in row.items() if t not in ("step", "edges")}
-            for row in rows} == seen
-    assert tensorboard_histograms(tmp_path) == {step: nonempty(h) for step, h in seen.items()}
+    assert {row["step"]: {t: record(from_jsonl(h)) for t, h in row.items() if t not in ("step", "edges")}
+            for row in rows} == exact
+    assert {step: {t: record(h) for t, h in hists.items()} for step, hists in tensorboard_histograms(tmp_path).items()} \
+        == {step: {t: record(h) for t, h in nonempty(hists).items()} for step, hists in seen.items()}
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
     shown = {}
     for row in read_rows(run_dir):
         tags = [key[:-len("/_type")] for key, value in row.items() if key.endswith("/_type") and value == "histogram"]
         if tags:
-            shown[row["optimizer/step"]] = {t: from_edges(row[f"{t}/bins"], row[f"{t}/values"]) for t in tags}
-    assert shown == {step: nonempty(h) for step, h in seen.items()}
+            shown[row["optimizer/step"]] = extent({t: from_edges(row[f"{t}/bins"], row[f"{t}/values"]) for t in tags})
+    assert shown == {step: extent(nonempty(h)) for step, h in seen.items()}
     scalars = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in scalars] == [2, 4] and not any("_hist/" in t for row in scalars for t in row)
 
@@ -285,16 +336,20 @@ def test_a_small_parameter_without_a_grad_at_a_step_has_no_grad_histogram_then()
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 @pytest.mark.parametrize("opt_cls", [torch.optim.SGD, torch.optim.AdamW])
-def test_a_non_finite_element_leaves_the_other_elements_binned(bad, opt_cls):
-    """A matrix holding one NaN or infinity (eager, inverted: its bounds are not finite): the other
-    elements' updates are binned, the bad one is not (health counts it)."""
-    w = nn.Parameter(torch.tensor([[1.0, 2.0, 3.0, bad], [1.0, 2.0, 3.0, 4.0]]).repeat(1, 1100))  # past SMALL
+@pytest.mark.parametrize("copies,route", [(1100, "view"), (1, "copied flat")], ids=["eager", "flat"])
+def test_a_non_finite_element_leaves_the_other_elements_binned(bad, opt_cls, copies, route):
+    """A matrix holding NaN or infinities: the other elements' updates are binned and make the min,
+    max and sums, the bad ones do not (health counts them); in the eager route (past SMALL, inverted:
+    its bounds are not finite) and in a flat chunk."""
+    w = nn.Parameter(torch.tensor([[1.0, 2.0, 3.0, bad], [1.0, 2.0, 3.0, 4.0]]).repeat(1, copies))
     opt = Monitored(opt_cls)([("w", w)], lr=0.5, monitor=MonitorConfig(backend="none", every=1, figures="histograms,health"))
     w.grad = torch.ones_like(w)
     before = w.detach().clone()
     with pytest.warns(RuntimeWarning, match="NaN or Inf"):
         opt.step()
-    assert "view" in opt.monitor.describe().split("capture:")[1]  # inverted, not snapshotted
-    assert opt.monitor.histograms["update_hist/w"] == truth(w.detach().double() - before.double())
-    assert sum(opt.monitor.histograms["update_hist/w"]) == w.numel() - 1100
+    assert route in opt.monitor.describe().split("capture:")[1]  # inverted or copied flat
+    assert_exact(opt.monitor.histograms["update_hist/w"], truth(w.detach().double() - before.double()))
+    assert_exact(opt.monitor.histograms["param_hist/w"], truth(w))  # over the finite elements
+    assert_exact(opt.monitor.histograms["grad_hist/w"], truth(w.grad))
+    assert sum(opt.monitor.histograms["update_hist/w"]) == w.numel() - copies
     assert opt.monitor.latest["health/nonfinite"] == 1

@@ -49,9 +49,10 @@ def syncs_per_step(cls, kwargs, monitor, steps=4):
     (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True)),
     (torch.optim.SGD, dict(lr=torch.tensor(0.1))),
 ], ids=["adamw", "adamw-tensor-lr", "sgd-nesterov", "sgd-tensor-lr"])
-def test_at_most_one_sync_per_logging_step_and_none_otherwise(cls, kwargs):
+@pytest.mark.parametrize("figures", [None, "default,histograms"])  # the histograms' counts, extremes and sums too
+def test_at_most_one_sync_per_logging_step_and_none_otherwise(cls, kwargs, figures):
     plain = syncs_per_step(cls, kwargs, None)
-    monitored = syncs_per_step(Monitored(cls), kwargs, MonitorConfig(backend="none", every=2))
+    monitored = syncs_per_step(Monitored(cls), kwargs, MonitorConfig(backend="none", every=2, figures=figures))
     extra = [m - p for m, p in zip(monitored, plain)]
     assert extra[0] == 0 and extra[2] == 0, (plain, monitored)  # steps 1, 3: not logging steps
     assert extra[1] <= 1 and extra[3] <= 1, (plain, monitored)  # steps 2, 4: one table copy at most

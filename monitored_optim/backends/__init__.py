@@ -11,17 +11,21 @@ import itertools
 import os
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from .._warnings import warn
 from . import lock
+
+if TYPE_CHECKING:
+    from ..histograms import Histogram
 
 
 class Backend(Protocol):
     """A sink for figures: ``log`` once per logging step, ``close`` once at the end.
 
-    A backend that shows histograms also has ``histograms(hists, step)`` (tag -> the counts of the
-    fixed bins of :mod:`monitored_optim.histograms`), called after ``log`` on the logging steps
+    A backend that shows histograms also has ``histograms(hists, step)`` (tag -> a
+    :class:`~monitored_optim.histograms.Histogram`: the counts of the fixed bins, the exact min,
+    max, sum and sum of squares), called after ``log`` on the logging steps
     that have them; one that cannot may say why in a class attribute ``NO_HISTOGRAMS``."""
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -154,13 +158,15 @@ class Fanout:
         ``metrics.jsonl`` and the user's sinks always get ``metrics``."""
         self._send("log", metrics, step, compact)
 
-    def histograms(self, hists: dict[str, list[int]], step: int,
-                   compact: Callable[[], dict[str, list[int]]] | None = None) -> None:
+    def histograms(self, hists: dict[str, Histogram], step: int,
+                   compact: Callable[[], dict[str, Histogram]] | None = None) -> None:
         """Send the histograms of ``step`` to every working backend that shows histograms.
 
         Args:
             hists: tag (``[prefix/]update_hist/fc1.weight``, ``grad_hist/...``, ``param_hist/...``)
-                -> the counts of the :data:`~monitored_optim.histograms.NBINS` fixed bins (ints).
+                -> its :class:`~monitored_optim.histograms.Histogram`: the counts of the
+                :data:`~monitored_optim.histograms.NBINS` fixed bins (ints), the exact min, max, sum
+                and sum of squares.
             step: the optimizer step, as in the :meth:`log` of the same logging step just before.
             compact: as :meth:`log`'s: makes the histograms grouped by depth
                 (:func:`~monitored_optim.grouping.summarize_histograms`) for the dashboards
@@ -241,11 +247,11 @@ class _Sink:
         log = getattr(self._sink, "log", None)
         (log if callable(log) else self._sink)(dict(metrics), step)
 
-    def histograms(self, hists: dict[str, list[int]], step: int) -> None:
-        """The object's ``histograms(hists, step)`` with a copy of the counts, if it has one; else nothing."""
+    def histograms(self, hists: dict[str, Histogram], step: int) -> None:
+        """The object's ``histograms(hists, step)`` with a copy of the histograms, if it has one; else nothing."""
         histograms = getattr(self._sink, "histograms", None)
         if callable(histograms):
-            histograms({tag: list(counts) for tag, counts in hists.items()}, step)
+            histograms({tag: h.copy() for tag, h in hists.items()}, step)
 
     def close(self) -> None:
         close = getattr(self._sink, "close", None)

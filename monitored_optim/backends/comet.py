@@ -6,8 +6,9 @@ import os
 from pathlib import Path
 
 import comet_ml
-from comet_ml.data_structure import Histogram
+from comet_ml.data_structure import Histogram as CometHistogram
 
+from ..histograms import Histogram
 from .bins import MIDDLES, check
 from .names import Keys, shorten
 
@@ -67,18 +68,19 @@ class CometBackend:
         finally:
             experiment.curr_step = current
 
-    def histograms(self, hists: dict[str, list[int]], step: int) -> None:
+    def histograms(self, hists: dict[str, Histogram], step: int) -> None:
         """Log each non-empty histogram with ``log_histogram_3d`` at ``step`` (Comet's *Histograms* panel).
 
         Comet's histogram has bins of its own (ratio 1.1 from 1e-12, ``comet_ml.data_structure.Histogram``),
         taking values with counts: each bin's count goes in as that many elements at the bin's middle
-        (:data:`~.bins.MIDDLES`), so every count is kept, in the Comet bin of that middle.
+        (:data:`~.bins.MIDDLES`), so every count is kept, in the Comet bin of that middle (Comet's
+        histogram takes no min, max or sums).
         """
         for tag, counts in hists.items():
             check(counts)
             kept = [(middle, int(c)) for middle, c in zip(MIDDLES, counts) if c]
             if kept:
-                histogram = Histogram()
+                histogram = CometHistogram()
                 histogram.add([middle for middle, _ in kept], counts=[c for _, c in kept])
                 self._experiment.log_histogram_3d(histogram, name=self._key(tag), step=step)
 

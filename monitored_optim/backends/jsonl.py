@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
-from ..histograms import EDGES
+from ..histograms import EDGES, Histogram
 from .bins import check, trimmed
 
 
@@ -48,10 +48,13 @@ class JsonlBackend:
     ``histograms.jsonl`` is created at the first :meth:`histograms` (a run without the
     ``histograms`` family has none). Each line holds one logging step: the step, the bins' 114
     edges (:data:`~monitored_optim.histograms.EDGES`) and, per tag, the counts from the first to the
-    last non-empty bin (``start`` is the index of the first; an empty histogram is
-    ``{"start": 0, "counts": []}``). Example line, edges cut short::
+    last non-empty bin (``start`` is the index of the first) and the exact ``min``, ``max``, ``sum``
+    and ``sum_squares`` of the elements counted (an empty histogram is
+    ``{"start": 0, "counts": [], "sum": 0.0, "sum_squares": 0.0}``: no min, no max). Example line,
+    edges cut short::
 
-        {"step": 10, "edges": [-65536.0, ..., 65536.0], "update_hist/fc1.weight": {"start": 40, "counts": [3, 0, 57]}}
+        {"step": 10, "edges": [-65536.0, ..., 65536.0], "update_hist/fc1.weight": {"start": 40,
+         "counts": [3, 0, 57], "min": -0.0011, "max": 0.0009, "sum": -0.0021, "sum_squares": 4.1e-05}}
     """
 
     def __init__(self, logdir: Path) -> None:
@@ -63,13 +66,14 @@ class JsonlBackend:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self._lines.write({"step": step, **metrics})
 
-    def histograms(self, hists: dict[str, list[int]], step: int) -> None:
-        """Append one line of ``hists`` (tag -> :data:`~monitored_optim.histograms.NBINS` counts) at ``step``."""
+    def histograms(self, hists: dict[str, Histogram], step: int) -> None:
+        """Append one line of ``hists`` (tag -> :class:`~monitored_optim.histograms.Histogram`) at ``step``."""
         row: dict = {"step": step, "edges": list(EDGES)}
-        for tag, counts in hists.items():
-            check(counts)
-            start, kept = trimmed(counts)
-            row[tag] = {"start": start, "counts": kept}
+        for tag, hist in hists.items():
+            check(hist)
+            start, kept = trimmed(hist)
+            extremes = {"min": hist.min, "max": hist.max} if hist.min is not None else {}
+            row[tag] = {"start": start, "counts": kept, **extremes, "sum": hist.sum, "sum_squares": hist.sum_squares}
         if self._histograms is None:
             self._histograms = Lines(self.path.with_name("histograms.jsonl"))
         self._histograms.write(row)

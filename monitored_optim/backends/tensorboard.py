@@ -16,8 +16,9 @@ from tensorboardX.proto.summary_pb2 import HistogramProto, Summary
 from tensorboardX.record_writer import masked_crc32c
 from tensorboardX.summary import custom_scalars
 
+from ..histograms import Histogram
 from ..tags import FAMILIES, family, split
-from .bins import LIMITS, MIDDLES, check, span
+from .bins import LIMITS, check, span
 
 DBL_MAX = 1.7976931348623157e308
 """The right limit of a histogram's last bucket, as TensorFlow writes it (``std::numeric_limits<double>::max()``)."""
@@ -61,10 +62,10 @@ class TensorBoardBackend:
         values = [Summary.Value(tag=tag, simple_value=value) for tag, value in metrics.items()]
         self._write(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
 
-    def histograms(self, hists: dict[str, list[int]], step: int) -> None:
+    def histograms(self, hists: dict[str, Histogram], step: int) -> None:
         """Write one event at ``step`` with a ``HistogramProto`` per tag (:func:`histogram`), for
         TensorBoard's *Histograms* and *Distributions* tabs; an empty histogram is left out."""
-        values = [Summary.Value(tag=tag, histo=histogram(counts)) for tag, counts in hists.items() if any(counts)]
+        values = [Summary.Value(tag=tag, histo=histogram(hist)) for tag, hist in hists.items() if any(hist)]
         self._write(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
 
     def close(self) -> None:
@@ -76,28 +77,27 @@ class TensorBoardBackend:
         self._file.write(header + struct.pack("I", masked_crc32c(header)) + data + struct.pack("I", masked_crc32c(data)))
 
 
-def histogram(counts: list[int]) -> HistogramProto:
-    """The ``HistogramProto`` of the counts of the fixed bins (:mod:`monitored_optim.histograms`).
+def histogram(hist: Histogram) -> HistogramProto:
+    """The ``HistogramProto`` of a histogram of the fixed bins (:mod:`monitored_optim.histograms`).
 
     Only the span from the first to the last non-empty bin is written (TensorBoard drops empty
     outer buckets when it reads one anyway): ``bucket`` holds those counts and ``bucket_limit``
-    each one's right edge, :data:`DBL_MAX` for the open last bin as TensorFlow writes it. ``min`` and ``max``
-    are the edges bounding the span (an open outer bin's finite edge, ``±2**16``), which TensorBoard
-    takes as the first bucket's left and the last one's right edge. ``sum`` and ``sum_squares`` are
-    approximate: each element counts as the middle of its bin (:data:`~.bins.MIDDLES`).
+    each one's right edge, :data:`DBL_MAX` for the open last bin as TensorFlow writes it. ``min``,
+    ``max``, ``sum`` and ``sum_squares`` are the exact ones of the elements counted, ``num`` their
+    count; TensorBoard draws the first bucket from ``min`` and the last one to ``max``.
+
+    Example: the histogram of ``[0.3, 0.7]`` is written with ``min=0.3, max=0.7, num=2, sum=1.0,
+    sum_squares=0.58, bucket_limit=[0.5, 1.0], bucket=[1, 1]``.
 
     Raises:
-        ValueError: ``counts`` is not :data:`~monitored_optim.histograms.NBINS` long.
+        TypeError, ValueError: ``hist`` is not a :class:`~monitored_optim.histograms.Histogram` of
+            :data:`~monitored_optim.histograms.NBINS` counts (:func:`~.bins.check`).
     """
-    check(counts)
-    start, stop = span(counts)
-    kept = [float(c) for c in counts[start:stop]]
-    middles = MIDDLES[start:stop]
-    low = LIMITS[start] if start > 0 else LIMITS[1]  # bin 0 is open: its finite edge is its right one
-    high = LIMITS[stop] if stop < len(counts) else LIMITS[-2]
-    return HistogramProto(min=low, max=high, num=sum(kept), sum=sum(c * m for c, m in zip(kept, middles)),
-                          sum_squares=sum(c * m * m for c, m in zip(kept, middles)),
-                          bucket_limit=[*LIMITS[start + 1:stop], LIMITS[stop] if stop < len(counts) else DBL_MAX],
+    check(hist)
+    start, stop = span(hist)
+    kept = [float(c) for c in hist[start:stop]]
+    return HistogramProto(min=hist.min, max=hist.max, num=sum(kept), sum=hist.sum, sum_squares=hist.sum_squares,
+                          bucket_limit=[*LIMITS[start + 1:stop], LIMITS[stop] if stop < len(hist) else DBL_MAX],
                           bucket=kept)
 
 

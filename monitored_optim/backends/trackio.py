@@ -8,6 +8,7 @@ import re
 import trackio
 from trackio import context_vars
 
+from ..histograms import Histogram
 from .bins import as_bins
 from .names import Keys
 
@@ -57,9 +58,9 @@ class TrackioBackend:
         if counter is not None:
             self._run._next_step = counter
 
-    def histograms(self, hists: dict[str, list[int]], step: int) -> None:
-        """Log one row of ``trackio.Histogram`` per non-empty tag (its non-empty span with finite edges)
-        at ``step``, as :meth:`log` logs the figures."""
+    def histograms(self, hists: dict[str, Histogram], step: int) -> None:
+        """Log one row of ``trackio.Histogram`` per non-empty tag (its non-empty span drawn from its exact
+        min to its exact max, :func:`as_bins`) at ``step``, as :meth:`log` logs the figures."""
         self.log({tag: trackio.Histogram(np_histogram=bins) for tag, bins in as_bins(hists).items()}, step)
 
     def close(self) -> None:

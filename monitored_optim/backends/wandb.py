@@ -8,6 +8,7 @@ from pathlib import Path
 
 import wandb
 
+from ..histograms import Histogram
 from .bins import as_bins
 from .names import STEP_METRIC, Families
 
@@ -47,9 +48,10 @@ class WandbBackend:
             self._run.define_metric(f"{family}/*", step_metric=STEP_METRIC)
         self._run.log({**metrics, STEP_METRIC: step})
 
-    def histograms(self, hists: dict[str, list[int]], step: int) -> None:
-        """Log one row of ``wandb.Histogram`` per non-empty tag (its non-empty span, :func:`as_bins`;
-        at most 115 of W&B's 512 bins), with ``optimizer/step`` as the scalars' rows."""
+    def histograms(self, hists: dict[str, Histogram], step: int) -> None:
+        """Log one row of ``wandb.Histogram`` per non-empty tag (its non-empty span drawn from its exact
+        min to its exact max, :func:`as_bins`; at most 115 of W&B's 512 bins), with
+        ``optimizer/step`` as the scalars' rows. W&B's histogram holds no sums."""
         shown = {tag: wandb.Histogram(np_histogram=bins) for tag, bins in as_bins(hists).items()}
         for family in self._families.new(shown):
             self._run.define_metric(f"{family}/*", step_metric=STEP_METRIC)

@@ -84,11 +84,13 @@ class Eager:
         if not self.binned:
             return
         scale = None if grad_scale is None else grad_scale.detach().float().reciprocal()
+        series = histograms.KEYS["grad"]
         for e in entries:
-            e.owner.pieces.pop(histograms.KEYS["grad"], None)
+            for key in (series, *histograms.extent_keys(series)):
+                e.owner.pieces.pop(key, None)
         for e in entries:
             if e.p.grad is not None:
-                self.add_piece(e.owner, histograms.KEYS["grad"], histograms.counts(e.p.grad, scale, batch.work))
+                self.add_pieces(e.owner, histograms.pieces(series, e.p.grad, scale, batch.work))
 
     def after(self, chunk: list[Entry], states: list[dict[str, Any]], batch: stats.Batch) -> None:
         """Measure the stored change of each part of one chunk; its sums go to ``batch``.
@@ -145,9 +147,10 @@ class Eager:
         before = before if before is None else fetched(before, p)  # a staged snapshot, back one part at a time
         u, meant = stored_change(p, result, before, e.extremes, work, meant=self.verify or p.dtype in LOW_PRECISION)
         if self.binned:
-            changed = histograms.zeros(stats.count(p), p.device) if u is None else histograms.counts(u, work=work)
-            self.add_piece(e.owner, histograms.KEYS["u"], changed)
-            self.add_piece(e.owner, histograms.KEYS["param"], histograms.counts(p, work=work))
+            series = histograms.KEYS["u"]
+            self.add_pieces(e.owner, histograms.zeros(series, stats.count(p), p.device) if u is None
+                            else histograms.pieces(series, u, work=work))
+            self.add_pieces(e.owner, histograms.pieces(histograms.KEYS["param"], p, work=work))
         if u is None:  # the view says nothing moved; verify mode checks that against its clone
             if clone is not None:
                 truth = Cloned(clone).update(p)
@@ -172,6 +175,11 @@ class Eager:
     def add_piece(self, e: Entry, key: str, value: Tensor) -> None:
         """Add a part's device piece into its parameter's entry, by the key's declared reduction."""
         pieces.accumulate(e.pieces, key, value, self.reductions)
+
+    def add_pieces(self, e: Entry, values: dict[str, Tensor]) -> None:
+        """:meth:`add_piece` each of a part's ``values`` (key -> device piece)."""
+        for key, value in values.items():
+            self.add_piece(e, key, value)
 
     def centred(self, entries: list[Entry], kind: str) -> list[bool]:
         """Per entry, whether its ``kind`` moments take the centred pass."""

@@ -290,7 +290,7 @@ class Fused:
         view: the monitor's update view.
         mode: ``MonitorConfig.compile`` (see :func:`enabled`).
         binned: the histograms family is on: the flat chunks' p, grads and u are binned
-            (:func:`~monitored_optim.histograms.segment_counts`) and no parameter takes a compiled
+            (:func:`~monitored_optim.histograms.segment_pieces`) and no parameter takes a compiled
             route (they have no binning pass).
     """
 
@@ -413,12 +413,13 @@ def _bin(chunk: Flat, before: Tensor, after: Tensor, grads: Tensor, present: lis
     """The histograms of a flat chunk's u (formed in float64: exact), p after the step and grads (where
     present), each member's as its pieces (a flat entry is its plan's: none is left from a last step)."""
     for kind, x in (("u", after.double() - before.double()), ("param", after), ("grad", grads)):
-        key = histograms.KEYS[kind]
-        for e, counts, held in zip(chunk.members, histograms.segment_counts(x, chunk.lengths).unbind(), present):
+        series = histograms.KEYS[kind]
+        for e, values, held in zip(chunk.members, histograms.segment_pieces(series, x, chunk.lengths), present):
             if held or kind != "grad":
-                e.pieces[key] = counts
+                e.pieces.update(values)
             else:
-                e.pieces.pop(key, None)
+                for key in values:
+                    e.pieces.pop(key, None)
 
 
 def _put(batch: stats.Batch, chunk: list[Entry], rows: Tensor, kinds: tuple[str, ...], present: list[bool],

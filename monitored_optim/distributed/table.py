@@ -7,8 +7,12 @@ local n elements become the weighted power sums
     (w·n, w·Σx, w·Σx²),   Σx = n·mean,   Σx² = m2 + n·mean²,
 
 a SUM or WHOLE piece ``w·c``, a NORM piece the squares ``w·a²``; ``w`` is the piece's weight
-(:meth:`~.held.Held.weight`), so that every element counts once over the world. One
-``all_reduce(SUM)`` adds the tables, one copy brings the result to the host, and for the whole
+(:meth:`~.held.Held.weight`), so that every element counts once over the world. A least or
+greatest value (MIN, MAX) does not add: each rank writes its own in a slot of its own, one per rank
+of the world, and every other rank a zero there, so that the sum is every rank's value; the host
+takes the least or the greatest (a rank without one, or whose piece weighs 0, leaves the identity
+of the reduction, ±inf). One ``all_reduce(SUM)`` adds the tables, one copy brings the result to
+the host, and for the whole
 parameter of N elements ``mean = Σx / N``, ``m2 = Σx² - Σx·mean`` (Chan, Golub & LeVeque 1979, in
 power-sum form). Precision: the float64 cancellation costs ``~1e-16·(mean/std)²`` of m2 (1e-8 for
 a LayerNorm weight near 1.0 with std 1e-4); the float32 rounding δ of each shard's mean costs
@@ -33,7 +37,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .. import stats
-from ..pieces import MOMENTS, NORM, SUM, WHOLE, Keys
+from ..pieces import MAX, MIN, MOMENTS, NORM, SUM, WHOLE, Keys
 from .held import Held
 from .pipeline import Ranks, Remote
 
@@ -41,7 +45,11 @@ COLUMNS, HEADER = 4, 2
 """Table columns, and rows before the first parameter's block."""
 
 CODE = {MOMENTS: 0.0, SUM: 1.0, WHOLE: 1.0, NORM: 2.0}
-"""Each reduction's code in the table build (SUM and WHOLE sum alike)."""
+"""Each reduction's code in the table build (SUM and WHOLE sum alike; MIN and MAX have slots, :func:`rows`)."""
+
+SLOTTED = (MIN, MAX)
+"""The reductions that do not add: a slot per rank, each holding one rank's value (a MIN one negated,
+so that every slot's greatest value is the answer and -inf says none)."""
 
 
 class Reduced:
@@ -59,11 +67,11 @@ class Reduced:
         cost: the ``monitor`` family over the ranks: ``(bytes all ranks copied, their mean host seconds)``.
     """
 
-    def __init__(self, host: list[list[float]], ranks: Ranks, keys: Keys) -> None:
+    def __init__(self, host: list[list[float]], ranks: Ranks, keys: Keys, world: int) -> None:
         self.counts: list[float] = []
         pairs, present, self.pieces = [], [], []
         for name in ranks.names:
-            n, got = _hosted(host, ranks.block[name], keys)
+            n, got = _hosted(host, ranks.block[name], keys, world)
             self.counts.append(n)
             pairs += [got.get(kind, [0.0, 0.0]) for kind in stats.KINDS]
             present += [kind in got for kind in stats.KINDS]
@@ -108,7 +116,7 @@ def reduce(entries: list[Any], local: list[Remote], held: list[Held], keys: Keys
             table = _table(entries, held, keys, ranks, changed, left_out, cost)
         except Exception as err:  # join the collective anyway: a rank that skips it hangs the job
             local_error = err
-            table = _empty(len(ranks.block) * len(keys), ranks.fingerprint, _default_device(), changed, cost)
+            table = _empty(keys, len(ranks.block), ranks.fingerprint, _default_device(), changed, cost)
             table[0, 3] = 1.0
         dist.all_reduce(table, op=dist.ReduceOp.SUM)
         host = table.tolist() if table.device.type == "cpu" else table.cpu().tolist()
@@ -126,7 +134,7 @@ def reduce(entries: list[Any], local: list[Remote], held: list[Held], keys: Keys
                 "monitored_optim: the ranks of the default process group disagree on the parameters they "
                 "monitor, so figures cannot be combined. Every rank must step its monitored optimizer on the "
                 "same steps, with names that mean the same parameter on every rank that holds it.")
-        reduced = Reduced(host, ranks, keys)
+        reduced = Reduced(host, ranks, keys, dist.get_world_size())
         reduced.cost = (copied, seconds / count)
         return reduced
     raise AssertionError("unreachable")
@@ -139,11 +147,15 @@ def _table(entries: list[Any], held: list[Held], keys: Keys, ranks: Ranks, chang
     seconds, 0)``. Per parameter block b, from row ``HEADER + Kb``, the keys' rows in order, columns
     by reduction: MOMENTS ``(w·n, w·Σx, w·Σx², present)``, SUM and WHOLE ``(w·c, 0, 0, present)``
     (a wide SUM piece ``(w·c_3j, w·c_3j+1, w·c_3j+2, present)`` in its j-th row), NORM
-    ``(w·a², w·b², 0, present)``; ``present`` is 1 where the rank had the piece (unweighted). A rank whose names ``changed`` since the exchange
-    sends only its header. Built with one stack of the pieces, one small host-to-device copy and
-    one scatter."""
-    at, per = rows(keys)
+    ``(w·a², w·b², 0, present)``; ``present`` is 1 where the rank had the piece (unweighted); a MIN
+    or MAX piece the value (MIN: negated) in this rank's slot r of its rows (row ``r // 3``, column
+    ``r % 3``), -inf there where it has none or its piece weighs 0, zeros in the other ranks' slots.
+    A rank whose names ``changed`` since the exchange sends only its header (and its -inf slots).
+    Built with one stack of the pieces, two small host-to-device copies and a scatter of each kind."""
+    at, per = rows(keys, dist.get_world_size())
+    rank = dist.get_rank()
     values, meta, wide, wide_meta = [], [], [], []  # meta per piece: (table row, w·n, w, n > 0, reduction code)
+    slotted, slots = [], []  # MIN and MAX pieces, and each one's (row, column)
     for e, h in zip(entries, held):
         key = ranks.key.get(e.name)
         if key is None or changed:
@@ -155,16 +167,24 @@ def _table(entries: list[Any], held: list[Held], keys: Keys, ranks: Ranks, chang
                 left_out.add(key)
                 continue
             row = HEADER + per * block + at[key]
+            if how in SLOTTED:
+                if w > 0:  # a piece that does not count (a ZeRO non-owner's) keeps the -inf of none
+                    slotted.append(value.reshape(1).to(torch.float64) * (-1.0 if how == MIN else 1.0))
+                    slots.append((row + rank // 3, rank % 3))
+                continue
             if keys.width(key) > 1:  # a wide SUM piece: three values a row
                 wide.append(value.reshape(-1))
                 wide_meta.append((row, keys.width(key), w))
                 continue
             values.append(value.reshape(-1))
             meta.append((row, w * n, w, float(n > 0), CODE[how]))
-    device = values[0].device if values else wide[0].device if wide else _default_device()
-    table = _empty(len(ranks.block) * per, ranks.fingerprint, device, changed, cost)
+    device = next((v[0].device for v in (values, wide, slotted) if v), None) or _default_device()
+    table = _empty(keys, len(ranks.block), ranks.fingerprint, device, changed, cost)
     if wide:
         _put_wide(table, wide, wide_meta)
+    if slotted:
+        row, column = torch.tensor(slots, dtype=torch.long).to(device).unbind(1)
+        table.index_put_((row, column), torch.cat(slotted).to(device))
     if not values:
         return table
     x = torch.stack([torch.nn.functional.pad(v.to(device=device, dtype=torch.float64), (0, 2 - v.numel()))
@@ -182,14 +202,20 @@ def _table(entries: list[Any], held: list[Held], keys: Keys, ranks: Ranks, chang
     return table
 
 
-def rows(keys: Keys) -> tuple[dict[str, int], int]:
+def rows(keys: Keys, world: int) -> tuple[dict[str, int], int]:
     """Each key's first row in a parameter's block, and the rows of a block: a key of width k takes
-    ``ceil(k / 3)`` rows, three values a row (every other key one)."""
+    ``ceil(k / 3)`` rows, three values a row, a MIN or MAX key ``ceil(world / 3)``, a slot per rank
+    (every other key one)."""
     at, n = {}, 0
-    for key in keys:
+    for key, how in keys.items():
         at[key] = n
-        n += -(-keys.width(key) // 3)
+        n += -(-_width(keys, key, how, world) // 3)
     return at, n
+
+
+def _width(keys: Keys, key: str, how: str, world: int) -> int:
+    """The values a parameter's block holds of ``key``: a slot per rank for MIN and MAX, else its width."""
+    return world if how in SLOTTED else keys.width(key)
 
 
 def _put_wide(table: Tensor, values: list[Tensor], meta: list[tuple[int, int, float]]) -> None:
@@ -205,24 +231,36 @@ def _put_wide(table: Tensor, values: list[Tensor], meta: list[tuple[int, int, fl
     table.index_copy_(0, torch.tensor(index, dtype=torch.long).to(table.device), torch.cat(blocks))
 
 
-def _empty(rows: int, fingerprint: float, device: torch.device, changed: bool,
+def _empty(keys: Keys, blocks: int, fingerprint: float, device: torch.device, changed: bool,
            cost: tuple[float, float] = (0.0, 0.0)) -> Tensor:
-    """A table of ``rows`` piece rows after the two header rows."""
-    table = torch.zeros(HEADER + rows, COLUMNS, dtype=torch.float64, device=device)
+    """A table of ``blocks`` parameter blocks (:func:`rows`) after the two header rows, zeros but
+    the header and this rank's -inf in its slot of every MIN and MAX key of every block (none yet)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    at, per = rows(keys, world)
+    table = torch.zeros(HEADER + blocks * per, COLUMNS, dtype=torch.float64, device=device)
     table[:HEADER, :3] = torch.tensor([[1.0, fingerprint, fingerprint * fingerprint], [float(changed), *cost]],
                                       dtype=torch.float64)
+    own = [at[key] + rank // 3 for key, how in keys.items() if how in SLOTTED]
+    if own and blocks:
+        at_rows = (HEADER + per * torch.arange(blocks).unsqueeze(1) + torch.tensor(own)).reshape(-1).to(device)
+        table[at_rows, rank % 3] = -math.inf
     return table
 
 
-def _hosted(host: list[list[float]], block: int, keys: Keys) -> tuple[float, dict[str, list[float]]]:
+def _hosted(host: list[list[float]], block: int, keys: Keys, world: int) -> tuple[float, dict[str, list[float]]]:
     """``(n, got)`` of one parameter's block of the reduced host table: its element count and its
     value of every piece that some rank had (a NORM piece: its two norms; a wide SUM piece: its
-    ``width`` values)."""
-    at, per = rows(keys)
+    ``width`` values; a MIN or MAX piece: the least or greatest of the ranks' slots)."""
+    at, per = rows(keys, world)
     held = host[HEADER + per * block: HEADER + per * (block + 1)]
     n = float(round(held[0][0]))  # the first key is "p", whose w·n sum over ranks is N
     got: dict[str, list[float]] = {}
     for key, how in keys.items():
+        if how in SLOTTED:
+            best = max([x for row in held[at[key]:at[key] - (-world // 3)] for x in row[:3]][:world])
+            if best != -math.inf:
+                got[key] = [-best if how == MIN else best]
+            continue
         a, b, c, present = held[at[key]]
         if not present:
             continue
