@@ -110,19 +110,19 @@ def stage(last: bool = False) -> Callable[[Callable[..., Any]], Callable[..., An
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def run(monitor: Any, *args: Any, **kwargs: Any) -> Any:
-            spent, was_on = monitor.capture.spent, gc.isenabled()
-            gc.disable()
-            spent._since = start = time.perf_counter()
-            try:
+            spent, was_on, start = monitor.capture.spent, gc.isenabled(), None
+            try:  # paused inside, resumed first: a KeyboardInterrupt raised anywhere here leaves it on
+                gc.disable()
+                spent._since = start = time.perf_counter()
                 return fn(monitor, *args, **kwargs)
             finally:
+                if was_on:
+                    gc.enable()
                 spent._since = None
-                if spent.now is not None:  # opened by the capture before the step
+                if spent.now is not None and start is not None:  # opened by the capture before the step
                     spent.now.seconds += time.perf_counter() - start
                     if last:
                         spent.last, spent.now.step = spent.now, monitor.step
-                if was_on:
-                    gc.enable()
         return torch.compiler.disable(run)
     return wrap
 
