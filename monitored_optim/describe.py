@@ -53,7 +53,7 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, st
         lines.append(f"  group {i} ({len(group['params'])} parameters): {hyper}")
     plan = monitor.capture.preview(optimizer, known)
     shown = {}
-    for group, way, items in plan.groups:
+    for _group, way, items in plan.groups:
         for item in items:
             if isinstance(item, list):
                 shown.update((id(e.p), f"copied flat (at most {SMALL:,} elements)") for e in item)

@@ -14,10 +14,9 @@ combine as power sums (Chan, Golub & LeVeque 1979), which is what sharded traini
 from __future__ import annotations
 
 import functools
-import math
 from array import array
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
 import torch
@@ -25,6 +24,7 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from .capture import Workspace
+    from .host import MomentTable
 
 
 def moments(x: Tensor, scratch: bool = False) -> Tensor:
@@ -149,7 +149,8 @@ class Batch:
 
         Args:
             xs: floating or complex tensors of any shapes and devices (see :func:`moments`).
-            centre: per tensor, whether to take the centred pass (:attr:`~monitored_optim.host.MomentTable.needs_centring`).
+            centre: per tensor, whether to take the centred pass
+            (:attr:`~monitored_optim.host.MomentTable.needs_centring`).
             scale: see :data:`Scale`; sums are linear, so the factor is applied when finishing.
             scratch: per tensor (or for all), whether it is a temporary that a centred pass may
                 overwrite.
@@ -413,8 +414,8 @@ class CentringMemory:
     """Which moments of each parameter take the centred pass at its next eager capture.
 
     A parameter not measured before takes it for every kind of :data:`KINDS`. After a logging step,
-    :meth:`update` keeps :attr:`~monitored_optim.host.MomentTable.needs_centring` of the parameters the eager capture may
-    take next time (a grad's flag stays where the step had no grad); a parameter captured flat is
+    :meth:`update` keeps :attr:`~monitored_optim.host.MomentTable.needs_centring` of the parameters the eager capture
+    may take next time (a grad's flag stays where the step had no grad); a parameter captured flat is
     exact for any spread and keeps none (:meth:`forget`).
     """
 

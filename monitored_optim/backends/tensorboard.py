@@ -73,7 +73,8 @@ class TensorBoardBackend:
     def _write(self, event: Event) -> None:
         data = event.SerializeToString()
         header = struct.pack("Q", len(data))
-        self._file.write(header + struct.pack("I", masked_crc32c(header)) + data + struct.pack("I", masked_crc32c(data)))
+        self._file.write(header + struct.pack("I", masked_crc32c(header))
+                         + data + struct.pack("I", masked_crc32c(data)))
 
 
 def histogram(counts: list[int]) -> HistogramProto:

@@ -214,7 +214,8 @@ def fingerprint(optimizer: torch.optim.Optimizer, extra: Any) -> list[Any]:
     return key
 
 
-FLAT, FUSED_COPY, FUSED_REBUILD, SNAPSHOT, VIEW, CLONE = "flat", "fused copy", "fused rebuild", "snapshot", "view", "clone"
+FLAT, FUSED_COPY, FUSED_REBUILD, SNAPSHOT, VIEW, CLONE = (
+    "flat", "fused copy", "fused rebuild", "snapshot", "view", "clone")
 """The routes (see the module docstring)."""
 
 WHOLE = "whole"

@@ -152,7 +152,10 @@ def taken(route: str, reason: str | None, view: str, snapshots: list[Any]) -> st
     n = len(snapshots)
     cloned = sum(isinstance(s, Cloned) for s in snapshots)
     summed = sum(isinstance(s, Summed) for s in snapshots)
-    of = (lambda k: "" if n == 1 else f" ({k} of {n} parts)")
+
+    def of(k: int) -> str:
+        return "" if n == 1 else f" ({k} of {n} parts)"
+
     told = []
     if cloned:
         told.append(f"clone{of(cloned)}: the view fell back to a copy of p_before (it cannot rebuild this step)")

@@ -139,7 +139,8 @@ def _table(entries: list[Any], held: list[Held], keys: Keys, ranks: Ranks, chang
     seconds, 0)``. Per parameter block b, from row ``HEADER + Kb``, the keys' rows in order, columns
     by reduction: MOMENTS ``(w·n, w·Σx, w·Σx², present)``, SUM and WHOLE ``(w·c, 0, 0, present)``
     (a wide SUM piece ``(w·c_3j, w·c_3j+1, w·c_3j+2, present)`` in its j-th row), NORM
-    ``(w·a², w·b², 0, present)``; ``present`` is 1 where the rank had the piece (unweighted). A rank whose names ``changed`` since the exchange
+    ``(w·a², w·b², 0, present)``; ``present`` is 1 where the rank had the piece (unweighted). A rank whose names
+    ``changed`` since the exchange
     sends only its header. Built with one stack of the pieces, one small host-to-device copy and
     one scatter."""
     at, per = rows(keys)

@@ -136,7 +136,8 @@ def plot_heatmap(run: Run, path: str | Path, *, dpi: int = 110) -> Path:
         for step, v in run.series[p.tag("update_to_data")]:
             values[i, column[step]] = v
     finite = values[np.isfinite(values)]
-    norm = TwoSlopeNorm(vcenter=REFERENCE, vmin=min(finite.min(), REFERENCE - 2.0), vmax=max(finite.max(), REFERENCE + 2.0))
+    norm = TwoSlopeNorm(vcenter=REFERENCE, vmin=min(finite.min(), REFERENCE - 2.0),
+                        vmax=max(finite.max(), REFERENCE + 2.0))
     heights = [max(len(rows), 3) for _, rows in panels]
     fig = _figure(figsize=(10.0, min(4.0 + 0.14 * min(len(order), 60) + 0.004 * len(order), 16.0)))
     axes = fig.subplots(len(panels), 1, sharex=True, height_ratios=heights, squeeze=False)[:, 0]
@@ -147,7 +148,8 @@ def plot_heatmap(run: Run, path: str | Path, *, dpi: int = 110) -> Path:
         image = ax.imshow(block, aspect="auto", interpolation="nearest", cmap=_cmap(), norm=norm,
                           extent=(-0.5, len(run.steps) - 0.5, len(rows) - 0.5, -0.5))
         _label_rows(ax, rows)
-        ax.set_ylabel(("matrices" if kind == "matrix" else "vectors (the band is for matrices)") + f": {len(rows)}", fontsize=8)
+        ax.set_ylabel(("matrices" if kind == "matrix" else "vectors (the band is for matrices)") + f": {len(rows)}",
+                      fontsize=8)
     _label_steps(axes[-1], run.steps)
     bar = fig.colorbar(image, ax=list(axes), shrink=0.8, pad=0.01)
     ticks = sorted(t for t in {norm.vmin, HEALTHY_BAND[0], REFERENCE, HEALTHY_BAND[1], norm.vmax}
