@@ -52,7 +52,7 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, st
         hyper = ", ".join(f"{k}={_short(v)}" for k, v in group.items() if k not in ("params", "param_names"))
         lines.append(f"  group {i} ({len(group['params'])} parameters): {hyper}")
     plan = monitor.capture.preview(optimizer, known)
-    shown = {}
+    shown: dict[int, str] = {}  # id of a parameter -> how it is captured
     for _group, way, items in plan.groups:
         for item in items:
             if isinstance(item, list):

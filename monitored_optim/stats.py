@@ -43,7 +43,9 @@ def moments(x: Tensor, scratch: bool = False) -> Tensor:
     """
     batch = Batch()
     batch.add([x], [True], scratch=scratch)
-    return batch.finish()[0]
+    row = batch.finish()[0]
+    assert row is not None  # the one slot has its one row
+    return row
 
 
 def _centred(x: Tensor, scratch: bool = False, work: Workspace | None = None) -> Tensor:
@@ -192,8 +194,9 @@ class Batch:
         """Record the counts of new rows and their slots (a new one per None); the first row's index."""
         first = len(self._counts)
         self._counts.extend(counts)
-        if into is not None and None not in into:  # parts of slots already made (the fused capture's)
-            self._owner.extend(into)
+        made = [] if into is None else [target for target in into if target is not None]
+        if into is not None and len(made) == len(into):  # parts of slots already made (the fused capture's)
+            self._owner.extend(made)
             return first
         for target in (into if into is not None else [None] * len(counts)):
             self._owner.append(self._slots if target is None else target)
@@ -217,7 +220,7 @@ class Batch:
         (Chan, Golub & LeVeque 1979; all terms >= 0), with a few ops per device for all slots (a
         slot of one part keeps its row exactly).
         """
-        per_device: dict[torch.device, list[tuple[Tensor, list[int]]]] = {}
+        per_device: dict[torch.device, list[tuple[Tensor, Tensor]]] = {}  # (mean, m2) rows, their indices
         counts = _int64(self._counts).double()
         for key, (rows, idx) in self._rows(counts).items():
             per_device.setdefault(key[0], []).append((rows, idx))

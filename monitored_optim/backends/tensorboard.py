@@ -102,7 +102,7 @@ def histogram(counts: list[int]) -> HistogramProto:
                           bucket=kept)
 
 
-_CHARTS: dict[str, dict[tuple[str, str], dict[str, list]]] = {}
+_CHARTS: dict[str, dict[tuple[str, str | None], dict[str, list]]] = {}
 """Real path of a logdir -> the charts this process's writers there have laid out so far, by (prefix,
 family): each writer's layout holds them all, since TensorBoard shows one layout per run directory
 (two optimizers with prefixes sharing a logdir both get their charts)."""

@@ -306,7 +306,7 @@ def storage_key(p: Tensor) -> int | None:
         address = p.untyped_storage().data_ptr()
     except RuntimeError:  # a wrapper subclass whose storage is not its own (DTensor): its data pointer
         address = p.data_ptr()  # (0 for a DTensor) says whether it has one
-        address = address and address - p.storage_offset() * p.element_size()
+        address = address and address - int(p.storage_offset()) * p.element_size()
     return address or None
 
 

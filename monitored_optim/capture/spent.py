@@ -74,6 +74,7 @@ class Spent:
 
     def copied(self, tensors: Iterable[Tensor | None]) -> None:
         """Count the bytes of ``tensors`` (copies of p_before; None: none) in the record in progress."""
+        assert self.now is not None, "a copy counted outside a logging step"
         self.now.copied += sum(nbytes(t) for t in tensors if t is not None)
 
     def so_far(self) -> tuple[float, float]:

@@ -119,7 +119,7 @@ def layers(hists: Histograms, run: Run | None = None, params: str | None = None)
     Raises:
         ReportError: ``params`` matches no layer with an update histogram, or none has one.
     """
-    drawn = {}
+    drawn: dict[Param, None] = {}  # an ordered set
     for tag in hists.counts:
         parsed = split_tag(tag)
         if parsed is not None and parsed[1] == UPDATE:
