@@ -86,7 +86,8 @@ def main() -> None:
     if torch.distributed.get_rank() == 0:
         base = statistics.mean(rows["plain"][0])
         params = sum(p.numel() for p in model(args.layers, args.width).parameters())
-        print(f"ZeRO stage {args.stage}, {'bf16' if args.bf16 else 'fp32'}, {torch.distributed.get_world_size()} ranks, "
+        print(f"ZeRO stage {args.stage}, {'bf16' if args.bf16 else 'fp32'}, "
+              f"{torch.distributed.get_world_size()} ranks, "
               f"{params / 1e6:.2f} M parameters, {args.steps} timed steps; plain engine.step() {base * 1e3:.1f} ms")
         print(f"{'mode':<10} {'step / plain':>12} {'collectives per step':>21}")
         for mode, (times, ops) in rows.items():

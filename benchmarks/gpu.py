@@ -110,7 +110,8 @@ def kernels_and_syncs(model, opt, tokens, device: str) -> tuple[int, int]:
             torch.cuda.set_sync_debug_mode("default")
         _sync(device)
     kinds = (torch.autograd.DeviceType.CUDA,) if device == "cuda" else (torch.autograd.DeviceType.CPU,)
-    launched = sum(1 for e in prof.events() if e.device_type in kinds and (device != "cpu" or e.name.startswith("aten::")))
+    launched = sum(1 for e in prof.events()
+                   if e.device_type in kinds and (device != "cpu" or e.name.startswith("aten::")))
     syncs = sum(1 for w in caught if "synchroniz" in str(w.message))
     return launched, syncs
 
@@ -122,7 +123,8 @@ def fallback_memory(args: argparse.Namespace, tokens: torch.Tensor) -> None:
         return
     print(f"{'sign SGD (no view)':<22} {'step peak beyond held, % of parameter bytes':>44}")
     for name, cls, extra in (("plain", SignSGD, {}),
-                             ("monitored every=1", Monitored(SignSGD), {"monitor": MonitorConfig(backend="none", every=1)})):
+                             ("monitored every=1", Monitored(SignSGD),
+                              {"monitor": MonitorConfig(backend="none", every=1)})):
         torch.manual_seed(0)
         model = GPT2(args.layers, args.width, args.vocab).to(args.device)
         opt = cls(model.named_parameters(), **extra)

@@ -107,7 +107,8 @@ def gpt2_shaped(dtype: torch.dtype = torch.float32) -> list[tuple[str, torch.nn.
     d, out = GPT2["width"], []
 
     def add(name, *shape, fill=None):
-        t = torch.full(shape, fill, dtype=dtype) if fill is not None else torch.empty(shape, dtype=dtype).normal_(0, 0.02)
+        t = (torch.full(shape, fill, dtype=dtype) if fill is not None
+             else torch.empty(shape, dtype=dtype).normal_(0, 0.02))
         out.append((name, torch.nn.Parameter(t)))
 
     add("transformer.wte.weight", GPT2["vocab"], d)
@@ -209,7 +210,8 @@ def _warm(name: str) -> None:
     and what differs is what scales with the model."""
     from monitored_optim import Monitored, MonitorConfig
 
-    layer = torch.nn.Linear(256, 512)  # a weight above fused.SMALL, cut in two parts: the per-part path's kernels run too
+    # a weight above fused.SMALL, cut in two parts: the per-part path's kernels run too
+    layer = torch.nn.Linear(256, 512)
     cls, kwargs = {**OPTIMIZERS, **_third_party()}[name]
     opt = _built(Monitored(cls), list(layer.named_parameters()), kwargs, monitor=MonitorConfig(backend="none", every=1))
     for _ in range(2):
@@ -274,7 +276,8 @@ def main() -> None:
         spread = max(a[0] for a, _ in pairs) - min(a[0] for a, _ in pairs)
         files = statistics.median(b[1] - a[1] for a, b in pairs)
         fixed = _fresh_rss(name, True, fixed_mmap=True)[0] - _fresh_rss(name, False, fixed_mmap=True)[0]
-        print(f"{name:<14} {(logged - plain) / param_bytes:>7.2%}   {extra / param_bytes:>8.2%} ({spread / 2**20:>5.1f} MiB)"
+        print(f"{name:<14} {(logged - plain) / param_bytes:>7.2%}   {extra / param_bytes:>8.2%} "
+              f"({spread / 2**20:>5.1f} MiB)"
               f"{'':<4} {fixed / param_bytes:>15.2%}   {files / param_bytes:>11.2%}"
               f"   ({param_bytes / 2**20:.0f} MiB of parameters)")
 

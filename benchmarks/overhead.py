@@ -363,7 +363,8 @@ def bench(name, cls, kwargs, rounds, device):
           f"iteration {med['plain']['iter'] * 1e3:.2f} ms; first fused logging step {compile_s:.1f} s (compile)")
     print(f"{'mode':<15} {'step / plain':>13} {'iteration / plain':>18} {'extra peak memory':>18}")
     for m in MODES:
-        mem = f"{memory[m]:.1%}" if m in memory else ("as fused every=1" if m == "fused every=10" else "0")  # plain: nothing extra
+        # plain: nothing extra
+        mem = f"{memory[m]:.1%}" if m in memory else ("as fused every=1" if m == "fused every=10" else "0")
         print(f"{m:<15} {ratio[m]['step']:>13.3f} {ratio[m]['iter']:>18.3f} {mem:>18}")
     loaded = ratio["floor"]["step"] < NOISE  # the floor does more than plain: it cannot be faster
     share = med["plain"]["step"] / med["plain"]["iter"]
@@ -374,7 +375,8 @@ def bench(name, cls, kwargs, rounds, device):
     checks = [f"{m} {k} {ratio[m][k]:.3f}{derived[m, k]} <= {t} "
               f"{verdict(value[m, k], t, noise[m, k], least.get((m, k)))}" for (m, k), t in TARGETS.items()]
     vs_clone = med["fused every=1"]["step"] / med["clone-diff"]["step"]
-    kernels_vs_clone = (least["fused every=1", "step"][0] / ratio["clone-diff"]["step"], least["fused every=1", "step"][1])
+    kernels_vs_clone = (least["fused every=1", "step"][0] / ratio["clone-diff"]["step"],
+                        least["fused every=1", "step"][1])
     checks.append(f"fused every=1 / clone-diff {vs_clone:.2f} <= {CLONE_TARGET} "
                   f"{verdict(vs_clone, CLONE_TARGET, bound=kernels_vs_clone)}")
     checks.append(f"memory {memory['fused every=1']:.1%} <= {MEMORY_TARGET:.0%} "
@@ -382,7 +384,8 @@ def bench(name, cls, kwargs, rounds, device):
     print("targets: " + "; ".join(checks))
     print(f"above the floor: fused every=1 step {ratio['fused every=1']['step'] / ratio['floor']['step']:.2f}x "
           f"the floor's, eager every=1 {ratio['eager every=1']['step'] / ratio['floor']['step']:.2f}x; "
-          f"above their tensor work: fused every=1 {ratio['fused every=1']['step'] - ratio['fused kernels']['step']:.2f}, "
+          f"above their tensor work: "
+          f"fused every=1 {ratio['fused every=1']['step'] - ratio['fused kernels']['step']:.2f}, "
           f"eager every=1 {ratio['eager every=1']['step'] - ratio['eager kernels']['step']:.2f} of a plain step")
     if loaded:
         print("WARNING: a mode that does more than plain came out faster than it: other load on this machine "

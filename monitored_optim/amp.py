@@ -35,4 +35,4 @@ def install() -> None:
         return out
 
     setattr(_maybe_opt_step, _MARK, True)
-    scaler_cls._maybe_opt_step = _maybe_opt_step
+    scaler_cls._maybe_opt_step = _maybe_opt_step  # type: ignore[method-assign]  # the patch itself

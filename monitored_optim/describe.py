@@ -52,8 +52,8 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, st
         hyper = ", ".join(f"{k}={_short(v)}" for k, v in group.items() if k not in ("params", "param_names"))
         lines.append(f"  group {i} ({len(group['params'])} parameters): {hyper}")
     plan = monitor.capture.preview(optimizer, known)
-    shown = {}
-    for group, way, items in plan.groups:
+    shown: dict[int, str] = {}  # id of a parameter -> how it is captured
+    for _group, way, items in plan.groups:
         for item in items:
             if isinstance(item, list):
                 shown.update((id(e.p), f"copied flat (at most {SMALL:,} elements)") for e in item)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from . import families, host, stats
+from . import families, host
 from ._warnings import warn
 from .capture.plan import Roster
 from .config import Settings

@@ -96,7 +96,7 @@ def _plan(tags: tuple[str, ...], prefix: str) -> tuple[list[str], list[tuple[str
     for tag in tags:
         parsed = per_parameter(tag[len(prefix):]) if tag.startswith(prefix) else None
         key = depth_key(parsed[1]) if parsed is not None else None
-        if key is not None:
+        if parsed is not None and key is not None:
             groups.setdefault((parsed[0], key[0]), []).append((key[1], tag))
     grouped = {tag for members in groups.values() if len(members) > 1 for _, tag in members}
     return ([tag for tag in tags if tag not in grouped],

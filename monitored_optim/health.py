@@ -138,8 +138,8 @@ class Health:
         if not fresh:
             return
         self._told.update((kind, n) for n in fresh)
-        message, more = message(fresh[0]), fresh[1:]
+        text, more = message(fresh[0]), fresh[1:]
         if more:
             shown = ", ".join(repr(n) for n in more[:5]) + (f" and {len(more) - 5} more" if len(more) > 5 else "")
-            message += f" (the same for {len(more)} more parameter{'s' if len(more) > 1 else ''}: {shown})"
-        warn(message, RuntimeWarning)
+            text += f" (the same for {len(more)} more parameter{'s' if len(more) > 1 else ''}: {shown})"
+        warn(text, RuntimeWarning)

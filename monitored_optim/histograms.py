@@ -57,7 +57,8 @@ def extent_keys(series: str) -> tuple[str, str, str]:
     return f"hist_min:{series}", f"hist_max:{series}", f"hist_sums:{series}"
 
 
-PIECES = {key: how for series in KEYS.values() for key, how in zip((series, *extent_keys(series)), (SUM, MIN, MAX, SUM))}
+PIECES = {key: how for series in KEYS.values()
+          for key, how in zip((series, *extent_keys(series)), (SUM, MIN, MAX, SUM))}
 """Every piece key of the histograms -> its reduction: per series its counts (SUM), the min (MIN),
 the max (MAX) and ``(Σx, Σx²)`` (SUM) of its finite elements."""
 

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from . import amp, backends, distributed, engine, families, histograms, host, pieces, stats, usage
 from .capture import Capture, Workspace, closure_is_first, closure_of, with_grads_of_closure
-from .capture.plan import Entries, born, names as _names, tell_unmapped
+from .capture.plan import Entries, born, tell_unmapped
 from .capture.spent import stage
 from .config import MonitorConfig, Settings, resolve
 from .count import StepCount

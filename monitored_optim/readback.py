@@ -7,14 +7,27 @@ runs during a step.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .capture.plan import names as _names
 from .histograms import Histogram
 
+if TYPE_CHECKING:
+    import torch
+
+    from .config import Settings
+    from .deliver import Delivery
+
 
 class ReadBack:
     """``latest``, ``histograms``, ``describe()``, ``history()``, ``plot()`` and ``report()`` of ``opt.monitor``."""
+
+    # set by the Monitor's __init__ (this class is its part that reads back)
+    settings: Settings
+    _delivery: Delivery
+    _optimizer: Callable[[], torch.optim.Optimizer | None]
+    _model_names: dict[int, str]
 
     @property
     def latest(self) -> dict[str, float]:

@@ -14,10 +14,9 @@ combine as power sums (Chan, Golub & LeVeque 1979), which is what sharded traini
 from __future__ import annotations
 
 import functools
-import math
 from array import array
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
 import torch
@@ -25,6 +24,7 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from .capture import Workspace
+    from .host import MomentTable
 
 
 def moments(x: Tensor, scratch: bool = False) -> Tensor:
@@ -43,7 +43,9 @@ def moments(x: Tensor, scratch: bool = False) -> Tensor:
     """
     batch = Batch()
     batch.add([x], [True], scratch=scratch)
-    return batch.finish()[0]
+    row = batch.finish()[0]
+    assert row is not None  # the one slot has its one row
+    return row
 
 
 def _centred(x: Tensor, scratch: bool = False, work: Workspace | None = None) -> Tensor:
@@ -169,7 +171,8 @@ class Batch:
 
         Args:
             xs: floating or complex tensors of any shapes and devices (see :func:`moments`).
-            centre: per tensor, whether to take the centred pass (:attr:`~monitored_optim.host.MomentTable.needs_centring`).
+            centre: per tensor, whether to take the centred pass
+            (:attr:`~monitored_optim.host.MomentTable.needs_centring`).
             scale: see :data:`Scale`; sums are linear, so the factor is applied when finishing.
             scratch: per tensor (or for all), whether it is a temporary that the sums may
                 overwrite; one that takes no centred pass is summed about its first element
@@ -213,8 +216,9 @@ class Batch:
         """Record the counts of new rows and their slots (a new one per None); the first row's index."""
         first = len(self._counts)
         self._counts.extend(counts)
-        if into is not None and None not in into:  # parts of slots already made (the fused capture's)
-            self._owner.extend(into)
+        made = [] if into is None else [target for target in into if target is not None]
+        if into is not None and len(made) == len(into):  # parts of slots already made (the fused capture's)
+            self._owner.extend(made)
             return first
         for target in (into if into is not None else [None] * len(counts)):
             self._owner.append(self._slots if target is None else target)
@@ -238,7 +242,7 @@ class Batch:
         (Chan, Golub & LeVeque 1979; all terms >= 0), with a few ops per device for all slots (a
         slot of one part keeps its row exactly).
         """
-        per_device: dict[torch.device, list[tuple[Tensor, list[int]]]] = {}
+        per_device: dict[torch.device, list[tuple[Tensor, Tensor]]] = {}  # (mean, m2) rows, their indices
         counts = _int64(self._counts).double()
         for key, (rows, idx) in self._rows(counts).items():
             per_device.setdefault(key[0], []).append((rows, idx))
@@ -435,8 +439,8 @@ class CentringMemory:
     """Which moments of each parameter take the centred pass at its next eager capture.
 
     A parameter not measured before takes it for every kind of :data:`KINDS`. After a logging step,
-    :meth:`update` keeps :attr:`~monitored_optim.host.MomentTable.needs_centring` of the parameters the eager capture may
-    take next time (a grad's flag stays where the step had no grad); a parameter captured flat is
+    :meth:`update` keeps :attr:`~monitored_optim.host.MomentTable.needs_centring` of the parameters the eager capture
+    may take next time (a grad's flag stays where the step had no grad); a parameter captured flat is
     exact for any spread and keeps none (:meth:`forget`).
     """
 

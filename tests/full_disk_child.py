@@ -10,7 +10,8 @@ from monitored_optim import Monitored, MonitorConfig
 warnings.simplefilter("always")
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
-opt = Monitored(torch.optim.SGD)(model.named_parameters(), lr=0.1, monitor=MonitorConfig(backend=sys.argv[1], logdir=sys.argv[2]))
+opt = Monitored(torch.optim.SGD)(model.named_parameters(), lr=0.1,
+                                 monitor=MonitorConfig(backend=sys.argv[1], logdir=sys.argv[2]))
 x, y = torch.randn(16, 32), torch.randn(16, 8)
 slowest = 0.0
 for _ in range(60):

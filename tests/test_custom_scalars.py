@@ -4,14 +4,12 @@ server started on the run directory, through the HTTP API its web page uses."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-import models
 from tensorboard_server import get, tensorboard  # noqa: F401 (a fixture)
 from monitored_optim import Monitored, MonitorConfig
 

@@ -1,6 +1,7 @@
 """DeepSpeed ZeRO 0-3 on CPU/gloo, 2 processes: the figures of the model's own parameters, under their
 names, equal the truth from the full fp32 parameters gathered before and after each step
-(``deepspeed.utils.safe_get_full_fp32_param``), their histograms numpy's of those full tensors, one logged row per engine step, one collective more
+(``deepspeed.utils.safe_get_full_fp32_param``), their histograms numpy's of those full tensors, one logged row per
+engine step, one collective more
 per logging step (two more for the names' exchange at the first), the trajectory bit for bit the
 plain optimizer's.
 
@@ -296,7 +297,7 @@ def test_a_direct_step_before_deepspeed_wraps_the_optimizer(tmp_path):
 
     res = launch(run, 2, tmp_path, deadline=DEADLINE)[0]
     assert res["step"] == STEPS + 1  # the direct call is a step of the optimizer's, then the engine's 4
-    for step, (want, got) in res["rows"].items():
+    for want, got in res["rows"].values():
         assert {t for t in got if t.startswith("param_norm/")} == {t for t in want if t.startswith("param_norm/")}
         assert abs(got["global/update_norm"] - want["global/update_norm"]) <= NORM_RTOL * want["global/update_norm"]
 
@@ -355,7 +356,8 @@ def test_attach_to_an_engine_monitors_the_optimizer_deepspeed_built(stage, tmp_p
             assert torch.equal(got["final"][name], value), (precision, name)
         assert got["step"] == STEPS and got["warnings"] == [], (precision, got["warnings"])
         for step, (want, logged) in got["rows"].items():
-            assert {t for t in logged if t.startswith("param_norm/")} == {t for t in want if t.startswith("param_norm/")}
+            norms = {t for t in want if t.startswith("param_norm/")}
+            assert {t for t in logged if t.startswith("param_norm/")} == norms
             for tag, value in want.items():
                 if "_to_data/" in tag:
                     assert abs(logged[tag] - value) <= RATIO_TOL, (precision, step, tag, logged[tag], value)

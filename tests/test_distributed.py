@@ -490,7 +490,8 @@ def test_ranks_monitoring_different_parameters_get_the_figures_of_all(tmp_path):
 
 
 def test_single_process_is_untouched(tmp_path):
-    assert not mdist.initialized() and mdist.is_writer() and mdist.sharding(torch.optim.SGD([nn.Parameter(torch.ones(1))])) is None
+    assert not mdist.initialized() and mdist.is_writer()
+    assert mdist.sharding(torch.optim.SGD([nn.Parameter(torch.ones(1))])) is None
 
 
 def test_digits_fsdp_example_runs_under_torchrun(tmp_path):
@@ -570,7 +571,8 @@ def test_every_family_equals_one_process_on_the_global_batch(engine, tmp_path):
     assert any(t.startswith("eps_dominated/") for t in want[STEPS])
     results = launch(_ddp_all_run if engine == "ddp" else _fsdp2_all_run, 2, tmp_path)
     if engine == "fsdp2":
-        want = {step: {t: v for t, v in figures.items() if not t.startswith(("update_spectral/", "update_stable_rank/"))}
+        want = {step: {t: v for t, v in figures.items()
+                       if not t.startswith(("update_spectral/", "update_stable_rank/"))}
                 for step, figures in want.items()}
     for res in results:
         assert res["latest"] == results[0]["latest"]

@@ -218,7 +218,8 @@ def test_describe_says_how_each_parameter_is_captured():
     opt = Monitored(O.AdamW)([{"params": list(m.named_parameters()), "weight_decay": 0.1}], lr=3e-4,
                               monitor=MonitorConfig(backend="none", exclude="fc.bias"))
     text = opt.monitor.describe()
-    rows = {line.split()[0]: line for line in text.splitlines() if line and line.split()[0] in dict(m.named_parameters())}
+    names = dict(m.named_parameters())
+    rows = {line.split()[0]: line for line in text.splitlines() if line and line.split()[0] in names}
     assert "lr=0.0003" in text and "weight_decay=0.1" in text
     assert rows["emb.weight"].split()[1:4] == ["1000x300", "float32", "matrix"]
     from monitored_optim.capture.store import budget

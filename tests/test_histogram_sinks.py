@@ -166,7 +166,8 @@ def tensorboard_histograms(logdir: Path) -> dict[int, dict[str, Histogram]]:
 def test_tensorboard_event_files_hold_each_histogram_bin_for_bin(tmp_path):
     steps = training(3)
     send(("tensorboard",), tmp_path, steps)
-    assert {step: {t: record(h) for t, h in hists.items()} for step, hists in tensorboard_histograms(tmp_path).items()} \
+    written = tensorboard_histograms(tmp_path)
+    assert {step: {t: record(h) for t, h in hists.items()} for step, hists in written.items()} \
         == {step: {t: record(h) for t, h in nonempty(hists).items()} for step, _, hists in steps}
 
 
@@ -244,7 +245,8 @@ def test_trackio_and_comet_hold_each_histogram_at_its_step(name, tmp_path, monke
         for step, _, hists in steps:
             shown = {tag: h for tag, h in rows[step].items() if isinstance(h, dict)}
             assert all(h["_type"] == "trackio.histogram" for h in shown.values())
-            assert extent({tag: from_edges(h["bins"], h["values"]) for tag, h in shown.items()}) == extent(nonempty(hists))
+            drawn = {tag: from_edges(h["bins"], h["values"]) for tag, h in shown.items()}
+            assert extent(drawn) == extent(nonempty(hists))
         return
     from comet_ml.data_structure import Histogram
 

@@ -148,7 +148,8 @@ def test_the_edges_are_exact_in_every_dtype_and_values_on_them_go_up():
     values are not binned; 0, -0.0 and subnormals are in the zero bin."""
     edges = torch.tensor(H.EDGES, dtype=torch.float64)
     g = torch.Generator().manual_seed(0)
-    spread = torch.randn(100_000, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-16, 9, (100_000,), generator=g)
+    spread = (torch.randn(100_000, generator=g, dtype=torch.float64)
+              * 10.0 ** torch.randint(-16, 9, (100_000,), generator=g))
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         for x in (edges, -edges, edges * (1 + 1e-6), edges * (1 - 1e-6), spread):
             assert H.counts(x.to(dtype)).tolist() == truth(x.to(dtype)), dtype
@@ -274,7 +275,8 @@ def test_through_the_optimizer_tensorboard_wandb_and_histograms_jsonl_hold_each_
     rows = [json.loads(line) for line in (tmp_path / "histograms.jsonl").read_text().splitlines()]
     assert {row["step"]: {t: record(from_jsonl(h)) for t, h in row.items() if t not in ("step", "edges")}
             for row in rows} == exact
-    assert {step: {t: record(h) for t, h in hists.items()} for step, hists in tensorboard_histograms(tmp_path).items()} \
+    written = tensorboard_histograms(tmp_path)
+    assert {step: {t: record(h) for t, h in hists.items()} for step, hists in written.items()} \
         == {step: {t: record(h) for t, h in nonempty(hists).items()} for step, hists in seen.items()}
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
     shown = {}
@@ -319,7 +321,8 @@ def test_a_small_parameter_without_a_grad_at_a_step_has_no_grad_histogram_then()
     all exact zeros."""
     torch.manual_seed(0)
     used, spare = nn.Linear(4, 4), nn.Linear(4, 4)
-    named = [(f"used.{n}", p) for n, p in used.named_parameters()] + [(f"spare.{n}", p) for n, p in spare.named_parameters()]
+    named = ([(f"used.{n}", p) for n, p in used.named_parameters()]
+             + [(f"spare.{n}", p) for n, p in spare.named_parameters()])
     opt = Monitored(torch.optim.AdamW)(named, lr=1e-3, monitor=MonitorConfig(backend="none", every=1,
                                                                           figures="histograms"))
     seen = []
@@ -342,7 +345,8 @@ def test_a_non_finite_element_leaves_the_other_elements_binned(bad, opt_cls, cop
     max and sums, the bad ones do not (health counts them); in the eager route (past SMALL, inverted:
     its bounds are not finite) and in a flat chunk."""
     w = nn.Parameter(torch.tensor([[1.0, 2.0, 3.0, bad], [1.0, 2.0, 3.0, 4.0]]).repeat(1, copies))
-    opt = Monitored(opt_cls)([("w", w)], lr=0.5, monitor=MonitorConfig(backend="none", every=1, figures="histograms,health"))
+    opt = Monitored(opt_cls)([("w", w)], lr=0.5,
+                             monitor=MonitorConfig(backend="none", every=1, figures="histograms,health"))
     w.grad = torch.ones_like(w)
     before = w.detach().clone()
     with pytest.warns(RuntimeWarning, match="NaN or Inf"):

@@ -99,7 +99,8 @@ def test_group_without_numeric_lr_and_integer_parameters():
         opt.step()  # SGD itself cannot step with lr=None ...
     assert "param_norm/q" not in opt.monitor.latest and "update_norm/w" in opt.monitor.latest
     from monitored_optim.figures import group_lrs, learning_rates
-    assert group_lrs(opt.param_groups, {}) == [None] and learning_rates(opt, group_lrs(opt.param_groups, {})) == {}  # ... but the figures skip it instead of failing
+    # ... but the figures skip it instead of failing
+    assert group_lrs(opt.param_groups, {}) == [None] and learning_rates(opt, group_lrs(opt.param_groups, {})) == {}
 
 
 def test_callable_positional_argument_that_is_not_a_closure():
@@ -279,7 +280,7 @@ def test_a_tensor_that_becomes_mean_dominated_never_logs_a_wrong_ratio(cls, kwar
     seen = logged_and_truth(cls, kwargs, params, grads, steps=4)
     for logged, expected in seen:
         _assert_true_or_absent(logged, expected)
-    for logged, expected in seen[2:]:
+    for logged, _ in seen[2:]:
         assert "grad_to_data/w" in logged and "update_to_data/b" in logged
 
 
@@ -303,7 +304,7 @@ def test_a_one_element_step_tensor_next_to_scalar_ones():
     torch.manual_seed(0)
     named = [("a", nn.Parameter(torch.randn(3))), ("b", nn.Parameter(torch.randn(3)))]
     opt = Monitored(torch.optim.Adam)(named, lr=1e-2, monitor=QUIET)
-    for i in range(3):
+    for _ in range(3):
         for _, p in named:
             p.grad = torch.randn_like(p)
         before, grads = truth.snapshot(named)

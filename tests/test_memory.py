@@ -74,7 +74,8 @@ def test_workspace_reuses_its_buffers_and_never_hands_out_live_memory():
     a, b = work.one(x), work.one(x)
     assert a.shape == x.shape and a.dtype == x.dtype and a.data_ptr() == b.data_ptr()
     first, second = work.next(x), work.next(x)  # 32 + 32 elements: the whole buffer
-    assert first.data_ptr() != second.data_ptr() and first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
+    assert first.data_ptr() != second.data_ptr()
+    assert first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
     assert {first.untyped_storage().data_ptr()}.isdisjoint({a.untyped_storage().data_ptr()})
     third = work.next(x)  # nothing left: its own tensor
     assert third.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()

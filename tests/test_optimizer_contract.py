@@ -220,7 +220,8 @@ def test_schedulers_work_silently_and_lr_is_the_one_used(make, tmp_path):
     opt = Monitored(torch.optim.SGD)(problem.named, lr=0.1, momentum=0.9, monitor=quiet(tmp_path))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        warnings.filterwarnings("ignore", "monitored_optim. parameter 'unused", RuntimeWarning)  # the model's unused layer
+        # the model's unused layer
+        warnings.filterwarnings("ignore", "monitored_optim. parameter 'unused", RuntimeWarning)
         sched = make(opt)
         for i in range(6):
             opt.zero_grad()
@@ -253,7 +254,7 @@ def test_gradient_accumulation_counts_optimizer_steps_only(tmp_path):
     problem = models.mlp(two_groups=False)
     opt = Monitored(torch.optim.AdamW)(problem.named, lr=1e-3, monitor=MonitorConfig(
         backend="jsonl", logdir=tmp_path, every=2))
-    for step in range(6):
+    for _ in range(6):
         for micro in range(4):
             (problem.loss(micro) / 4).backward()
         opt.step()
@@ -332,7 +333,8 @@ def test_a_closure_gives_the_grads_of_a_parameter_cut_into_parts(cls, kwargs, be
     None (``zero_grad(set_to_none=True)``) or a stale constant: its grad figures are those of the
     grad the closure made (each part's grad was cut before the closure ran)."""
     gen = torch.Generator().manual_seed(0)
-    named = [("big", nn.Parameter(torch.randn(300, 300, generator=gen))), ("small", nn.Parameter(torch.randn(10, generator=gen)))]
+    named = [("big", nn.Parameter(torch.randn(300, 300, generator=gen))),
+             ("small", nn.Parameter(torch.randn(10, generator=gen)))]
     opt = Monitored(cls)(named, **kwargs, monitor=MonitorConfig(backend="none", logdir=tmp_path))
     grads = {n: torch.randn(p.shape, generator=gen) for n, p in named}
     for _, p in named:

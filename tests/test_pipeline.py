@@ -11,7 +11,6 @@ processes).
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch

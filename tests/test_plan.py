@@ -124,14 +124,15 @@ def test_closure_and_plain_steps_that_share_a_layout_each_log_their_own_grads(tm
     runs and a step with a closure and one without share a layout; the closure's grads get slots of
     their own, and each step's figures (grads included) are the clone truth's, with no error."""
     gen = torch.Generator().manual_seed(0)
-    named = [("b", nn.Parameter(torch.ones(100))), ("w", nn.Parameter(torch.randn(80, 80, generator=gen)))]  # a gain at 1.0
+    # "b": a gain at 1.0
+    named = [("b", nn.Parameter(torch.ones(100))), ("w", nn.Parameter(torch.randn(80, 80, generator=gen)))]
     opt = Monitored(torch.optim.SGD)(named, lr=0.1, momentum=0.9, nesterov=True, foreach=True,
                                      monitor=MonitorConfig(backend="none", logdir=tmp_path))
     for step in range(4):
         grads = [torch.randn(p.shape, generator=gen) for _, p in named]
         before, _ = truth.snapshot(named)
 
-        def closure():
+        def closure(grads=grads):  # called in this iteration: bound to its grads
             for (_, p), g in zip(named, grads):
                 p.grad = g.clone()
             return torch.tensor(0.0)

@@ -60,7 +60,8 @@ def test_the_trainer_snippets_build_their_optimizers(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="two monitored optimizers log the same tags"):  # the first snippet's too
         grouped = namespace["grouped"].create_optimizer()  # the Trainer's decay / no-decay groups, named from the model
     assert len(grouped.param_groups) == 2 and grouped.monitor.settings.backends == ("wandb",)
-    assert "transformer.h.0.attn.c_attn.weight" in grouped.monitor.describe() and "param0" not in grouped.monitor.describe()
+    described = grouped.monitor.describe()
+    assert "transformer.h.0.attn.c_attn.weight" in described and "param0" not in described
     with warnings.catch_warnings(record=True) as seen:  # the same tags again: warned once above, at most
         warnings.simplefilter("always")
         by_name = namespace["by_name"].create_optimizer()  # the class and arguments of TrainingArguments.optim

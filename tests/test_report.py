@@ -430,7 +430,8 @@ def test_a_tensorboard_run_over_the_tag_budget_reads_as_depth_groups(tmp_path):
     assert out.returncode == 0 and "argmin" not in out.stdout and " *.weight " in out.stdout, out.stdout
 
 
-@pytest.mark.parametrize("names,noun", [(["fc1.weight", "fc1.bias"], "parameters"), (["*.weight", "*.bias"], "depth groups"),
+@pytest.mark.parametrize("names,noun", [(["fc1.weight", "fc1.bias"], "parameters"),
+                                        (["*.weight", "*.bias"], "depth groups"),
                                         (["embed.weight", "h.*.weight"], "parameters and depth groups")])
 def test_plot_titles_name_depth_groups_as_such(names, noun):
     assert rows_noun([Param("", n) for n in names]) == noun

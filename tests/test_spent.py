@@ -107,3 +107,34 @@ def test_the_last_record_holds_no_tensor_of_its_step(tmp_path):
     opt = Monitored(torch.optim.SGD)(named, lr=1e-3, monitor=MonitorConfig(backend="none", every=1, logdir=tmp_path))
     _stepped(opt, named, steps=1)
     assert opt.monitor.capture.spent.last.key() is None
+
+
+@pytest.mark.parametrize("at", ["start", "end"])
+def test_an_interrupt_in_a_stage_reaches_the_caller_and_leaves_the_collector_on(at, monkeypatch, tmp_path):
+    """A Ctrl-C that Python raises in a logging stage's own bookkeeping, at its start (just after the
+    stage paused the cyclic garbage collector) or at its end (a signal is handled at whichever bytecode
+    comes next), reaches training, and the collector runs again: it is paused for the stage only."""
+    import gc
+    import time
+    import types
+
+    from monitored_optim.capture import spent
+
+    named = [("w", nn.Parameter(torch.randn(8, 4)))]
+    opt = Monitored(torch.optim.SGD)(named, lr=1e-3, monitor=MonitorConfig(backend="none", every=1, logdir=tmp_path))
+    calls = []
+
+    def perf_counter():  # the first stage's first call is its start, its second its end
+        calls.append(gc.isenabled())
+        if len(calls) == (1 if at == "start" else 2):
+            raise KeyboardInterrupt
+        return time.perf_counter()
+
+    monkeypatch.setattr(spent, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    assert gc.isenabled()
+    with pytest.raises(KeyboardInterrupt):
+        _stepped(opt, named, steps=1)
+    resumed = gc.isenabled()
+    gc.enable()  # for the tests after this one, whatever it found
+    assert calls[0] is False  # the stage had paused the collector
+    assert resumed

@@ -49,7 +49,8 @@ def test_batch_rows_equal_the_float64_reference(centre, scale):
         factors = [2.5] * len(xs)
     batch = stats.Batch()
     first = batch.add(xs[:4], [centre] * 4, None if scale is None else _part(given.get(scale, scale), 0, 4))
-    rest = batch.add(xs[4:], [centre] * (len(xs) - 4), None if scale is None else _part(given.get(scale, scale), 4, len(xs)))
+    rest = batch.add(xs[4:], [centre] * (len(xs) - 4),
+                     None if scale is None else _part(given.get(scale, scale), 4, len(xs)))
     rows = batch.finish()
     for i, slot in enumerate(first + rest):
         mean, m2 = rows[slot].tolist()

@@ -142,7 +142,8 @@ def _logged_step(opt, named, gen: torch.Generator):
 @pytest.mark.parametrize("case", list(CASES))
 def test_view_is_named_cuts_large_parameters_and_verifies(case, tmp_path):
     """A N(0, 0.02) matrix and one of more than PART_ELEMENTS elements: ``describe()`` names the view
-    (in slices for the large one where the view is element-wise; else it gives ``Rows``), verify mode compares the view's update with a clone on every
+    (in slices for the large one where the view is element-wise; else it gives ``Rows``), verify mode compares the
+    view's update with a clone on every
     logging step and finds no miss, and the figures equal the clone truth."""
     gen = torch.Generator().manual_seed(1)
     named = [("w", torch.nn.Parameter(_initial("normal", (64, 128), gen))),
@@ -384,7 +385,8 @@ SF_RATES = [("SGDScheduleFree", lr, kwargs) for lr in (1.0, 1e-1, 1e-2, 1e-3)
 1e-4; a warmup's 1e-7), with and without weight decay and warmup."""
 
 
-@pytest.mark.parametrize("name,lr,kwargs", SF_RATES, ids=[f"{n[:5]}-{lr:g}{'-wd' if k else ''}" for n, lr, k in SF_RATES])
+@pytest.mark.parametrize("name,lr,kwargs", SF_RATES,
+                         ids=[f"{n[:5]}-{lr:g}{'-wd' if k else ''}" for n, lr, k in SF_RATES])
 def test_schedule_free_sgd_and_radam_take_no_copy_of_a_matrix(name, lr, kwargs, tmp_path):
     """Over 8 steps (RAdam's silent first 4 and its first rectified step included), ``before`` takes
     no clone of the N(0, 0.02) matrix (nor of the vectors), though its lerp towards z loses p_b's last bit on a share of

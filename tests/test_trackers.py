@@ -214,7 +214,8 @@ def test_a_missing_package_fails_at_construction_naming_the_extra(monkeypatch):
     import importlib.util
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "comet_ml" else object())
-    with pytest.raises(ImportError, match=r"backend 'comet' needs the comet_ml package: pip install 'monitored_optim\[comet\]'"):
+    with pytest.raises(ImportError,
+                       match=r"backend 'comet' needs the comet_ml package: pip install 'monitored_optim\[comet\]'"):
         Monitored(torch.optim.SGD)(nn.Linear(2, 2).parameters(), lr=0.1, monitor=MonitorConfig(backend="comet"))
 
 

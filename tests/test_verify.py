@@ -61,7 +61,8 @@ def test_verify_mode_agrees_for_builtin_views(cls, kwargs, monkeypatch):
     assert opt.monitor.settings.verify
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        warnings.filterwarnings("ignore", "monitored_optim. parameter 'unused", RuntimeWarning)  # the model's unused layer
+        # the model's unused layer
+        warnings.filterwarnings("ignore", "monitored_optim. parameter 'unused", RuntimeWarning)
         for i in range(3):
             opt.zero_grad()
             problem.loss(i).backward()
@@ -131,7 +132,8 @@ def test_verify_mode_on_weights_that_share_storage_raises_no_alarm(dtype, tmp_pa
             opt.step()
             logged = opt.monitor.latest
             assert logged["verify/max_rel_error"] < 1e-3, logged["verify/max_rel_error"]  # the biases: views checked
-            truth.assert_figures_match({k: v for k, v in logged.items() if not k.startswith(("verify/", "update_lost/"))},
+            truth.assert_figures_match({k: v for k, v in logged.items()
+                                        if not k.startswith(("verify/", "update_lost/"))},
                                        truth.figures(named, before, grads), **tol)
     assert a.weight.data_ptr() == b.weight.data_ptr()  # still one memory
 

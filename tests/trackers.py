@@ -191,7 +191,8 @@ class Comet(Tracker):
             rows: Rows = {}
             for message in map(json.loads, lines):
                 metric = message["payload"].get("metric") if message["type"] == "metric_msg" else None
-                if metric and metric["step"] is not None and not metric["metricName"].startswith("sys."):  # not Comet's own
+                # not Comet's own
+                if metric and metric["step"] is not None and not metric["metricName"].startswith("sys."):
                     point = rows.setdefault(metric["step"], {})
                     assert metric["metricName"] not in point or metric["metricName"].startswith(OTHERS), metric
                     point[metric["metricName"]] = metric["metricValue"]

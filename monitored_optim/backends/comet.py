@@ -56,7 +56,8 @@ class CometBackend:
             if directory is not None:
                 directory.mkdir(parents=True, exist_ok=True)  # Comet refuses a directory it cannot find
             running = comet_ml.start(experiment_config=comet_ml.ExperimentConfig(
-                offline_directory=directory and str(directory)))
+                offline_directory=None if directory is None else str(directory)))
+        assert running is not None  # started, or the running one (not owned)
         self._experiment = running
         self._key = Keys(comet_key, MAX_KEY)
 

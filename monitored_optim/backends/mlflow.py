@@ -65,10 +65,12 @@ class MlflowBackend:
         self._key = Keys(metric_key, MAX_KEY)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
+        run_id = self._run_id
+        assert run_id is not None, "logged after close()"  # the Fanout drops a closed backend
         stamp = int(time.time() * 1000)
         batch = [Metric(self._key(tag), value, stamp, step) for tag, value in metrics.items()]
         for start in range(0, len(batch), MAX_BATCH):
-            self._client.log_batch(self._run_id, metrics=batch[start:start + MAX_BATCH])
+            self._client.log_batch(run_id, metrics=batch[start:start + MAX_BATCH])
 
     def close(self) -> None:
         run_id, self._run_id = self._run_id, None

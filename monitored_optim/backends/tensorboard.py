@@ -74,7 +74,8 @@ class TensorBoardBackend:
     def _write(self, event: Event) -> None:
         data = event.SerializeToString()
         header = struct.pack("Q", len(data))
-        self._file.write(header + struct.pack("I", masked_crc32c(header)) + data + struct.pack("I", masked_crc32c(data)))
+        self._file.write(header + struct.pack("I", masked_crc32c(header))
+                         + data + struct.pack("I", masked_crc32c(data)))
 
 
 def histogram(hist: Histogram) -> HistogramProto:
@@ -101,7 +102,7 @@ def histogram(hist: Histogram) -> HistogramProto:
                           bucket=kept)
 
 
-_CHARTS: dict[str, dict[tuple[str, str], dict[str, list]]] = {}
+_CHARTS: dict[str, dict[tuple[str, str | None], dict[str, list]]] = {}
 """Real path of a logdir -> the charts this process's writers there have laid out so far, by (prefix,
 family): each writer's layout holds them all, since TensorBoard shows one layout per run directory
 (two optimizers with prefixes sharing a logdir both get their charts)."""

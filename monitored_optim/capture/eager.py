@@ -143,7 +143,8 @@ class Eager:
         def cut(t: Tensor | None) -> Tensor | None:
             return t if t is None or span is None else t.detach().view(-1)[span]
 
-        p, before, clone = cut(e.p), cut(e.before), cut(e.clone)
+        p = e.p if span is None else e.p.detach().view(-1)[span]
+        before, clone = cut(e.before), cut(e.clone)
         before = before if before is None else fetched(before, p)  # a staged snapshot, back one part at a time
         u, meant = stored_change(p, result, before, e.extremes, work, meant=self.verify or p.dtype in LOW_PRECISION)
         if self.binned:
@@ -153,8 +154,8 @@ class Eager:
             self.add_pieces(e.owner, histograms.pieces(histograms.KEYS["param"], p, work=work))
         if u is None:  # the view says nothing moved; verify mode checks that against its clone
             if clone is not None:
-                truth = Cloned(clone).update(p)
-                self.add_piece(e.owner, "verify", verify_miss(torch.zeros_like(truth), truth, None, p))
+                moved = Cloned(clone).update(p)
+                self.add_piece(e.owner, "verify", verify_miss(torch.zeros_like(moved), moved, None, p))
             return None
         if p.dtype in LOW_PRECISION:
             self.add_piece(e.owner, "lost", lost(u, meant, cut(e.p.grad)))
@@ -224,7 +225,7 @@ def record_grads(batch: stats.Batch, entries: list[Entry], grad_scale: Tensor | 
     for e in entries:
         if e.lead is None:
             e.slots["grad"] = batch.slot()
-    with_grad = [(e, c) for e, c in zip(entries, flags) if e.p.grad is not None]
+    with_grad = [(e, c, g) for e, c in zip(entries, flags) if (g := e.p.grad) is not None]
     scale = None if grad_scale is None else grad_scale.detach().double().reciprocal()  # sums are linear
-    record(batch, [e for e, _ in with_grad], "grad", [e.p.grad for e, _ in with_grad],
-           [c for _, c in with_grad], scale)
+    record(batch, [e for e, _, _ in with_grad], "grad", [g for _, _, g in with_grad],
+           [c for _, c, _ in with_grad], scale)

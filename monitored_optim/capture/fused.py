@@ -6,8 +6,8 @@ centring, sums), so its cost follows the number of tensors. The fused path hands
 
 * rebuilds each update from the optimizer's state (the view's ``fused`` form, e.g. Adam's
   d = c·m / (sqrt(v) + eps·b)), inverts the rounding of the store,
-  p_before = fl(fl(p_after - d) / s), u = p_after - p_before (:func:`~monitored_optim.capture.store.stored_change`'s rule), or
-  takes p_before from the snapshot of the snapshot rule (vectors, near-constant matrices);
+  p_before = fl(fl(p_after - d) / s), u = p_after - p_before (:func:`~monitored_optim.capture.store.stored_change`'s
+  rule), or takes p_before from the snapshot of the snapshot rule (vectors, near-constant matrices);
 * reduces p_before (before the step, :func:`prior`), the grad and u to one-pass *shifted* sums
   accumulated in float64: with c the
   tensor's first element, ``(c, Σ(x - c), sqrt(Σ(x - c)^2))``, from which
@@ -156,8 +156,8 @@ def shifted_rows(xs: Sequence[Tensor]) -> Tensor:
 def prior(xs: list[Tensor]) -> Tensor:
     """Before the step, in one pass: per tensor ``[min, max, c, Σ(x - c), sqrt(Σ(x - c)^2), exact]`` in
     float64, shape ``(k, 6)``: the bounds (where they are equal, a matrix initialised at 0, p_before
-    is that value exactly, :func:`~monitored_optim.capture.store.bounds`), the :func:`shifted_rows` of p_before, taken here
-    because p_after - u cannot give p_before where the step made p non-finite, and
+    is that value exactly, :func:`~monitored_optim.capture.store.bounds`), the :func:`shifted_rows` of p_before, taken
+    here because p_after - u cannot give p_before where the step made p non-finite, and
     :func:`~monitored_optim.capture.rules.at_powers_of_two` of p_before. Each tensor's reductions are
     traced together, over its flat view, so that inductor fuses them into one loop per tensor (it
     fuses only nodes close in the graph and of one loop shape)."""
@@ -302,7 +302,8 @@ class Fused:
 
     def way(self, group: dict[str, Any]) -> str | None:
         """What the fused routes may do for ``group``: None (nothing: an optimizer without a view, or
-        a step that rewrites ``p.grad``, whose sums must be taken before it), ``"copy"`` (flat small parameters and the snapshot
+        a step that rewrites ``p.grad``, whose sums must be taken before it), ``"copy"`` (flat small parameters and the
+        snapshot
         rule's copies) or ``"rebuild"`` (also the view's fused form)."""
         if self.view is CLONE or not self.view.keeps_grad(group):
             return None

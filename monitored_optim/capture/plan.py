@@ -119,7 +119,9 @@ def names(optimizer: torch.optim.Optimizer, known: dict[int, str] | None = None)
     parameters of one group) gets ``@group{i}`` appended where it repeats (:func:`_unique`), so that
     no figure or health count overwrites another.
     """
-    names, k, seen, known = [], 0, set(), known or {}
+    names: list[list[str]] = []
+    seen: set[str] = set()
+    k, known = 0, known or {}
     for i, group in enumerate(optimizer.param_groups):
         given = group.get("param_names")
         if given and len(given) != len(group["params"]):  # an engine put buffers of its own in the group
@@ -214,7 +216,8 @@ def fingerprint(optimizer: torch.optim.Optimizer, extra: Any) -> list[Any]:
     return key
 
 
-FLAT, FUSED_COPY, FUSED_REBUILD, SNAPSHOT, VIEW, CLONE = "flat", "fused copy", "fused rebuild", "snapshot", "view", "clone"
+FLAT, FUSED_COPY, FUSED_REBUILD, SNAPSHOT, VIEW, CLONE = (
+    "flat", "fused copy", "fused rebuild", "snapshot", "view", "clone")
 """The routes (see the module docstring)."""
 
 WHOLE = "whole"

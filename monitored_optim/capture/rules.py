@@ -200,7 +200,8 @@ class RiskMemory:
             exact: float64 ``(N,)``, :func:`at_powers_of_two` where measured, NaN elsewhere.
         """
         std, n = table.std, table.n[:, 0]
-        risky = rounding_risk(eps, table.sq_norm[:, 0] / n.clamp(min=1), std[:, 0], std[:, 2], table.sq_norm[:, 2], exact)
+        risky = rounding_risk(eps, table.sq_norm[:, 0] / n.clamp(min=1), std[:, 0], std[:, 2], table.sq_norm[:, 2],
+                              exact)
         hot = {names[i] for i in (risky & (n > 0) & table.has[:, 2]).nonzero().flatten().tolist()}
         self._left.update((name, SNAPSHOT_FOR) for name in hot)
         sizes = n.tolist() if len(self._left) > len(hot) else []
@@ -248,7 +249,8 @@ def at_powers_of_two_bound(p: Tensor, extremes: Tensor | None, work: Workspace |
 
     It is the count of nonzero
     elements exactly at a power of two (:func:`mantissa_gap` 0; ±inf count as not, nor does any
-    figure of a part holding them stay finite) times the larger square of p's :func:`~monitored_optim.capture.store.bounds`, float64
+    figure of a part holding them stay finite) times the larger square of p's
+    :func:`~monitored_optim.capture.store.bounds`, float64
     of shape (1,). None for a dtype other than float32/float64, without bounds, or for a part larger than ``work``'s
     buffer (the whole matrices of views that are not element-wise: Adafactor's, Muon's), whose
     measure would hold a temporary of their size before the step.
@@ -256,7 +258,8 @@ def at_powers_of_two_bound(p: Tensor, extremes: Tensor | None, work: Workspace |
     Args:
         p: a float32/float64 part before the step (any shape).
         extremes: its :func:`~monitored_optim.capture.store.bounds`, shape (2,).
-        work: whose :meth:`~monitored_optim.capture.store.Workspace.one` buffer holds the temporary (reused, so that the heap does
+        work: whose :meth:`~monitored_optim.capture.store.Workspace.one` buffer holds the temporary (reused, so that the
+        heap does
             not fragment), or None (a temporary of its own).
     """
     too_large = work is not None and p.numel() * p.element_size() > work.nbytes
@@ -303,7 +306,7 @@ def storage_key(p: Tensor) -> int | None:
         address = p.untyped_storage().data_ptr()
     except RuntimeError:  # a wrapper subclass whose storage is not its own (DTensor): its data pointer
         address = p.data_ptr()  # (0 for a DTensor) says whether it has one
-        address = address and address - p.storage_offset() * p.element_size()
+        address = address and address - int(p.storage_offset()) * p.element_size()
     return address or None
 
 

@@ -74,6 +74,7 @@ class Spent:
 
     def copied(self, tensors: Iterable[Tensor | None]) -> None:
         """Count the bytes of ``tensors`` (copies of p_before; None: none) in the record in progress."""
+        assert self.now is not None, "a copy counted outside a logging step"
         self.now.copied += sum(nbytes(t) for t in tensors if t is not None)
 
     def so_far(self) -> tuple[float, float]:
@@ -110,19 +111,19 @@ def stage(last: bool = False) -> Callable[[Callable[..., Any]], Callable[..., An
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def run(monitor: Any, *args: Any, **kwargs: Any) -> Any:
-            spent, was_on = monitor.capture.spent, gc.isenabled()
-            gc.disable()
-            spent._since = start = time.perf_counter()
-            try:
+            spent, was_on, start = monitor.capture.spent, gc.isenabled(), None
+            try:  # paused inside, resumed first: a KeyboardInterrupt raised anywhere here leaves it on
+                gc.disable()
+                spent._since = start = time.perf_counter()
                 return fn(monitor, *args, **kwargs)
             finally:
+                if was_on:
+                    gc.enable()
                 spent._since = None
-                if spent.now is not None:  # opened by the capture before the step
+                if spent.now is not None and start is not None:  # opened by the capture before the step
                     spent.now.seconds += time.perf_counter() - start
                     if last:
                         spent.last, spent.now.step = spent.now, monitor.step
-                if was_on:
-                    gc.enable()
         return torch.compiler.disable(run)
     return wrap
 
@@ -152,7 +153,10 @@ def taken(route: str, reason: str | None, view: str, snapshots: list[Any]) -> st
     n = len(snapshots)
     cloned = sum(isinstance(s, Cloned) for s in snapshots)
     summed = sum(isinstance(s, Summed) for s in snapshots)
-    of = (lambda k: "" if n == 1 else f" ({k} of {n} parts)")
+
+    def of(k: int) -> str:
+        return "" if n == 1 else f" ({k} of {n} parts)"
+
     told = []
     if cloned:
         told.append(f"clone{of(cloned)}: the view fell back to a copy of p_before (it cannot rebuild this step)")

@@ -126,8 +126,8 @@ class Workspace:
     A temporary of about 1 MiB that is freed and asked for again between small allocations that
     outlive it (each part's views, its rows of sums) is served by glibc from its heap once the
     first one freed has raised the dynamic mmap threshold, and the small allocations split its
-    hole, so that the next temporary does not fit there and the heap grows. Two buffers per dtype and device, of ``nbytes`` each (the chunk
-    budget, :func:`budget`), made at first use and freed with the logging step, serve them:
+    hole, so that the next temporary does not fit there and the heap grows. Two buffers per dtype and device, of
+    ``nbytes`` each (the chunk budget, :func:`budget`), made at first use and freed with the logging step, serve them:
     :meth:`one` (a temporary dead before the next is asked for) and :meth:`next` (the stored
     changes of a chunk, alive together until :meth:`reset`). A request that does not fit gets a
     tensor of its own.
@@ -186,8 +186,10 @@ def stores(intended: Tensor | Scaled | Stores, work: Workspace | None = None, fa
            ) -> tuple[list[tuple[Tensor, float]], float | Tensor]:
     """``(adds, s)`` of an update view's result: p_after = fl(...fl(fl(s·p_before) + d_1)... + d_k),
     each d as a pair ``(t, a)``, d = a·t: a dense tensor and 1 (new, the view's own, or, given
-    ``work``, a :class:`Workspace` buffer for the first :class:`~monitored_optim.updates.clone.Scaled` one formed), or, for a
-    :class:`~monitored_optim.updates.clone.Scaled` of a Python factor whose dense tensor has dtype ``factored``, its tensor and
+    ``work``, a :class:`Workspace` buffer for the first :class:`~monitored_optim.updates.clone.Scaled` one formed), or,
+    for a
+    :class:`~monitored_optim.updates.clone.Scaled` of a Python factor whose dense tensor has dtype ``factored``, its
+    tensor and
     factor, not formed (for ``torch.sub(p, t, alpha=a)``)."""
     if not isinstance(intended, Stores):
         intended = Stores((intended,))
@@ -232,8 +234,8 @@ def stored_change(p: Tensor, intended: Tensor | Scaled | Stores | None, before: 
         work: where the inversion's temporaries go (:class:`Workspace`; u then lives until its
             ``reset``); None: new tensors.
         meant: whether to return the intended update. Without it the inversion subtracts a
-            :class:`~monitored_optim.updates.clone.Scaled` d = f·r with a Python factor as ``torch.sub(p, r, alpha=f)``, one op
-            and no temporary for d (the SGD store's own form, ``p.add_(buf, alpha=-lr)``).
+            :class:`~monitored_optim.updates.clone.Scaled` d = f·r with a Python factor as ``torch.sub(p, r, alpha=f)``,
+            one op and no temporary for d (the SGD store's own form, ``p.add_(buf, alpha=-lr)``).
 
     Returns:
         ``(u, meant)``: u as a new tensor (float32 for bf16/fp16 parameters; None where nothing

@@ -41,7 +41,7 @@ optimizer on the same steps; a name means the same parameter on every rank that 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -53,6 +53,9 @@ from . import dtensor, fsdp1, replicated, zero
 from .held import Held, is_dtensor, narrow, set_local_grad
 from .pipeline import Ranks, Remote
 from .table import Reduced
+
+if TYPE_CHECKING:
+    from ..pieces import Keys
 
 
 def initialized() -> bool:
@@ -199,12 +202,12 @@ class Sharding:
         for key, value in state.items():
             if is_dtensor(value):
                 value = value.to_local()
-            elif span is not None and isinstance(value, Tensor) and value.shape == h.param.shape:
+            elif span is not None and h is not None and isinstance(value, Tensor) and value.shape == h.param.shape:
                 value = narrow(value, span, shard)
             out[key] = value
         return out
 
-    def reduce(self, entries: list[Any], keys: dict[str, str], ranks: Ranks,
+    def reduce(self, entries: list[Any], keys: Keys, ranks: Ranks,
                cost: tuple[float, float] = (0.0, 0.0)) -> Reduced:
         """Global host values of every entry's pieces: one ``all_reduce`` (:func:`.table.reduce`).
 

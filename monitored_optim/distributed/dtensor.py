@@ -11,19 +11,21 @@ Source: ``torch/distributed/tensor/placement_types.py``.
 from __future__ import annotations
 
 import math
-
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from .held import Held
 
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
-def held(p: Tensor) -> Held:
+
+def held(p: DTensor) -> Held:
     """A plain alias of ``p``'s local tensor, one of :func:`shards` pieces."""
     count = shards(p)
     return Held(p.to_local().detach(), p, shards=count, split=count > 1)
 
 
-def shards(p: Tensor) -> int:
+def shards(p: DTensor) -> int:
     """Number of distinct shards of a DTensor: the product of the mesh sizes of its non-Replicate,
     non-Partial dimensions (``_StridedShard.is_shard()`` is False in torch 2.13, hence the negation)."""
     mesh = p.device_mesh

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 
 @dataclass(eq=False)
@@ -49,7 +52,7 @@ class Held:
         return 1.0 if self.shards is None else self.shards / holders
 
 
-def is_dtensor(x: object) -> bool:
+def is_dtensor(x: object) -> TypeGuard[DTensor]:
     """Whether ``x`` is a ``DTensor`` (without importing ``torch.distributed.tensor``)."""
     dtensor = sys.modules.get("torch.distributed.tensor")
     return dtensor is not None and isinstance(x, dtensor.DTensor)
@@ -77,6 +80,7 @@ def set_local_grad(held: Held) -> None:
         local.grad = None
         return
     if is_dtensor(g):
+        assert is_dtensor(p)  # the grad of a DTensor parameter, itself one
         if tuple(g.placements) != tuple(p.placements) or g.device_mesh != p.device_mesh:
             g = g.redistribute(p.device_mesh, _no_partial(p.placements))  # a collective: rare
         g = g.to_local()

@@ -10,6 +10,7 @@ Source: ``torch/distributed/optim/zero_redundancy_optimizer.py`` (partition and 
 from __future__ import annotations
 
 import sys
+from types import FrameType
 from typing import Any
 
 import torch
@@ -41,7 +42,7 @@ def parent(optimizer: torch.optim.Optimizer) -> Any:
     if zero_mod is None:
         return None
     code = zero_mod.ZeroRedundancyOptimizer._local_step.__code__
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code is code:
             owner = frame.f_locals.get("self")

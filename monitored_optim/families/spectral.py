@@ -43,7 +43,7 @@ class Spectral(Family):
 
     def __init__(self) -> None:
         self._x: dict[str, Tensor] = {}
-        self._open: dict[str, list[Tensor]] = {}  # name -> [Z, YᵀY] over the blocks of rows so far
+        self._open: dict[str, list[Tensor] | None] = {}  # name -> [Z, YᵀY] over the blocks of rows so far
 
     def part(self, name: str, whole: Tensor, u: Tensor, span: slice | None, state: dict[str, Any],
              group: dict[str, Any]) -> dict[str, Tensor]:

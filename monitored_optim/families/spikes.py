@@ -67,7 +67,7 @@ class Spikes(Family):
         if names != self._names:  # the same parameters as the last logging step: the same rows
             self._grow(names)
             self._names, self._rows = names, torch.tensor([self._row[name] for name in names], dtype=torch.long)
-            self._all = len(names) == len(self._row) and (self._rows == torch.arange(len(names))).all().tolist()
+            self._all = len(names) == len(self._row) and bool((self._rows == torch.arange(len(names))).all())
         rows = self._rows
         x = _values(step.table, step.lrs)
         past, count = (self._history, self._count) if self._all else (self._history[rows], self._count[rows])

@@ -34,7 +34,8 @@ from .summary import (HEALTHY_BAND, REFERENCE, Count, Figure, Layer, Param, Summ
                       split_tag, summarize)
 from .table import print_report, render, shorten, to_text
 
-__all__ = ["HEALTHY_BAND", "REFERENCE", "Count", "Figure", "Histograms", "Layer", "Param", "ReportError", "Run", "Summary",
+__all__ = ["HEALTHY_BAND", "REFERENCE", "Count", "Figure", "Histograms", "Layer", "Param", "ReportError", "Run",
+           "Summary",
            "draw_run", "kind_of", "load_histograms", "load_run", "parameters", "plot_heatmap", "plot_histograms",
            "plot_run", "print_report", "render",
            "rows_noun", "shorten", "split_tag", "summarize", "to_text"]

@@ -30,7 +30,8 @@ UPDATE = KEYS["u"]
 
 @dataclass
 class Histograms:
-    """The histograms of a run: ``counts[tag][step]`` is the dense list of :data:`~monitored_optim.histograms.NBINS` counts.
+    """The histograms of a run: ``counts[tag][step]`` is the dense list of
+    :data:`~monitored_optim.histograms.NBINS` counts.
 
     Attributes:
         path: the ``histograms.jsonl`` that was read.
@@ -71,7 +72,8 @@ def load_histograms(run_dir: str | Path) -> Histograms:
             if _is_cut(line):
                 continue
             raise ReportError(f"{path}:{number}: corrupt line ({exc}); expected one JSON object per line like "
-                              '{"step": 10, "edges": [...], "update_hist/fc1.weight": {"start": 40, "counts": [3]}}') from None
+                              '{"step": 10, "edges": [...], '
+                              '"update_hist/fc1.weight": {"start": 40, "counts": [3]}}') from None
         for tag, counts in row.items():
             points = out.counts.setdefault(tag, {})
             for old in [s for s in points if s >= step]:
@@ -117,7 +119,7 @@ def layers(hists: Histograms, run: Run | None = None, params: str | None = None)
     Raises:
         ReportError: ``params`` matches no layer with an update histogram, or none has one.
     """
-    drawn = {}
+    drawn: dict[Param, None] = {}  # an ordered set
     for tag in hists.counts:
         parsed = split_tag(tag)
         if parsed is not None and parsed[1] == UPDATE:

@@ -136,7 +136,8 @@ def plot_heatmap(run: Run, path: str | Path, *, dpi: int = 110) -> Path:
         for step, v in run.series[p.tag("update_to_data")]:
             values[i, column[step]] = v
     finite = values[np.isfinite(values)]
-    norm = TwoSlopeNorm(vcenter=REFERENCE, vmin=min(finite.min(), REFERENCE - 2.0), vmax=max(finite.max(), REFERENCE + 2.0))
+    vmin, vmax = min(finite.min(), REFERENCE - 2.0), max(finite.max(), REFERENCE + 2.0)
+    norm = TwoSlopeNorm(vcenter=REFERENCE, vmin=vmin, vmax=vmax)
     heights = [max(len(rows), 3) for _, rows in panels]
     fig = _figure(figsize=(10.0, min(4.0 + 0.14 * min(len(order), 60) + 0.004 * len(order), 16.0)))
     axes = fig.subplots(len(panels), 1, sharex=True, height_ratios=heights, squeeze=False)[:, 0]
@@ -147,11 +148,12 @@ def plot_heatmap(run: Run, path: str | Path, *, dpi: int = 110) -> Path:
         image = ax.imshow(block, aspect="auto", interpolation="nearest", cmap=_cmap(), norm=norm,
                           extent=(-0.5, len(run.steps) - 0.5, len(rows) - 0.5, -0.5))
         _label_rows(ax, rows)
-        ax.set_ylabel(("matrices" if kind == "matrix" else "vectors (the band is for matrices)") + f": {len(rows)}", fontsize=8)
+        ax.set_ylabel(("matrices" if kind == "matrix" else "vectors (the band is for matrices)") + f": {len(rows)}",
+                      fontsize=8)
     _label_steps(axes[-1], run.steps)
     bar = fig.colorbar(image, ax=list(axes), shrink=0.8, pad=0.01)
-    ticks = sorted(t for t in {norm.vmin, HEALTHY_BAND[0], REFERENCE, HEALTHY_BAND[1], norm.vmax}
-                   if norm.vmin <= t <= norm.vmax)  # a tick outside the range blanks a TwoSlopeNorm bar
+    ticks = sorted(t for t in {vmin, HEALTHY_BAND[0], REFERENCE, HEALTHY_BAND[1], vmax}
+                   if vmin <= t <= vmax)  # a tick outside the range blanks a TwoSlopeNorm bar
     bar.set_ticks(ticks, labels=[f"{t:.3g}" for t in ticks])
     bar.set_label("log10(std(update) / std(weights))", fontsize=8)
     fig.suptitle(f"{run.path.resolve().name}: update-to-data ratio, {len(order)} {rows_noun(order)} × "
@@ -165,7 +167,8 @@ def _figure(figsize: tuple[float, float]):
 
     fig = Figure(figsize=figsize, layout="constrained")
     FigureCanvasAgg(fig)
-    fig._repr_png_ = functools.partial(_png, fig)  # Jupyter shows it inline, pyplot imported or not
+    # Jupyter shows it inline, pyplot imported or not (an attribute of this figure only)
+    fig._repr_png_ = functools.partial(_png, fig)  # type: ignore[attr-defined]
     return fig
 
 
@@ -216,7 +219,7 @@ def _chosen(run: Run, pattern: str | None) -> list[Param]:
 def _by_depth(params: list[Param]) -> list[Param]:
     """Parameters grouped by kind of layer (first appearance), each group in layer order."""
     keys = {p: depth_key(p.label) or (p.label, -1) for p in params}
-    first = {}
+    first: dict[str, int] = {}
     for p in params:
         first.setdefault(keys[p][0], len(first))
     return sorted(params, key=lambda p: (first[keys[p][0]], keys[p][1]))
@@ -228,7 +231,10 @@ def _label_rows(ax, rows: list[Param]) -> None:
         labels = [shorten(p.label, LABEL) for p in rows]
         ax.set_yticks(range(len(rows)), labels, fontsize=max(5.0, 8.0 - len(rows) / 15))
         return
-    ticks, labels, seen, gap = [], [], set(), len(rows) / 40  # at most about 40 labels a panel
+    ticks: list[int] = []
+    labels = []
+    seen: set[str] = set()
+    gap = len(rows) / 40  # at most about 40 labels a panel
     for i, p in enumerate(rows):
         key = (depth_key(p.label) or (p.label, -1))[0]
         if key not in seen:

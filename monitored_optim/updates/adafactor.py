@@ -46,7 +46,7 @@ class AdafactorView(View):
         # also without a grad: a closure passed to step() may create one
         return p.detach().norm(2)  # torch's own call, so the same rounding
 
-    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Tensor) -> Tensor | None:
+    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Tensor) -> Stores | Rows | None:
         if p.grad is None or "step" not in state:
             return None
         eps1, eps2 = group["eps"]

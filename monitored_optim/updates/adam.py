@@ -28,6 +28,7 @@ exactly as in torch. Source: Kingma & Ba (2015), Loshchilov & Hutter (2019), ``t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -51,7 +52,7 @@ class AdamView(View):
             return Cloned.of(p)  # lr·λ near 1: dividing by s would amplify rounding
         return None
 
-    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:
+    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | Stores | None:
         if p.grad is None or "exp_avg" not in state:
             return None
         lr, (beta1, beta2), eps = to_scalar(group["lr"]), group["betas"], group["eps"]
@@ -76,11 +77,11 @@ class AdamView(View):
         return Stores((u,), 1 - lr * wd) if wd != 0 and group["decoupled_weight_decay"] else u
 
     def update_many(self, group: dict[str, Any], params: list[Tensor], states: list[dict[str, Any]],
-                    snapshots: list[Any]) -> list[Tensor | Scaled | None]:
+                    snapshots: list[Any]) -> list[Tensor | Scaled | Stores | None]:
         """:meth:`update` of several parameters of ``group`` on one device (formulas above). bf16/fp16
         and complex parameters, whose rounding ``update`` mirrors, and steps kept on several
         devices, take :meth:`update` one by one."""
-        out: list[Tensor | Scaled | None] = [None] * len(params)
+        out: list[Tensor | Scaled | Stores | None] = [None] * len(params)
         live = []
         for i, (p, state) in enumerate(zip(params, states)):
             if p.grad is None or "exp_avg" not in state:
@@ -130,7 +131,7 @@ class AdamView(View):
         return quotients, ([st["exp_avg"] for st in states], [st[v] for st in states], eps_b), c, s
 
     def _rebuild(self, group: dict[str, Any], params: list[Tensor],
-                 states: list[dict[str, Any]]) -> list[Scaled] | list[Stores]:
+                 states: list[dict[str, Any]]) -> Sequence[Scaled | Stores]:
         eps_b, c = _coefficients(group, states, params[0].device)
         r = torch._foreach_sqrt([s["max_exp_avg_sq" if group["amsgrad"] else "exp_avg_sq"] for s in states])
         torch._foreach_add_(r, eps_b)

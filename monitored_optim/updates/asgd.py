@@ -52,7 +52,7 @@ class AsgdView(View):
             return state["eta"].clone()
         return torch.as_tensor(to_scalar(group["lr"]), device=p.device, dtype=_get_scalar_dtype()).clone()
 
-    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], eta: Any) -> Tensor | None:
+    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], eta: Any) -> Tensor | Stores | None:
         if p.grad is None or not isinstance(eta, Tensor):
             return None
         lambd, wd = group["lambd"], group["weight_decay"]

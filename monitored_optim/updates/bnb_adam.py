@@ -21,8 +21,8 @@ the instance's ``optimizer_name`` and ``args`` as they are at that step: Adam's 
 ``optim_bits=32`` and no ``max_unorm`` creates 32-bit state, and that first step is rebuilt like
 any other. The clone is taken on a first step otherwise (8-bit, whose parameters below
 ``min_8bit_size`` get 32-bit state and are rebuilt from their second step), with 8-bit state, a
-1-state optimizer (no ``state2``), three betas (AdEMAMix), ``max_unorm`` (a ``unorm_vec``), per-parameter overrides of the
-``GlobalOptimManager``, a decay factor |s| < 1/2, and off the CPU (the CUDA kernel applies the
+1-state optimizer (no ``state2``), three betas (AdEMAMix), ``max_unorm`` (a ``unorm_vec``), per-parameter overrides of
+the ``GlobalOptimManager``, a decay factor |s| < 1/2, and off the CPU (the CUDA kernel applies the
 decay after the update, in its own rounding, which this view does not mirror).
 Source: Dettmers et al. (2022) "8-bit Optimizers via Block-wise Quantization", bitsandbytes
 ``optim/optimizer.py`` (``Optimizer2State``) and ``backends/cpu/ops.py``.

@@ -39,7 +39,7 @@ class MuonView(View):
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> None:
         return None
 
-    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:
+    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | Stores | None:
         if p.grad is None or "momentum_buffer" not in state:
             return None
         grad, buf = p.grad, state["momentum_buffer"]

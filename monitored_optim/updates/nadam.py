@@ -15,8 +15,8 @@ Rebuild after the step from the stored m, v, t and Π (the stored Π is the one 
   (``addcdiv_`` each), so the view returns both, ``Stores((c1·ĝ/D, c2·m/D), s)`` (s = 1 - lr·λ
   under decoupled decay, else 1), for the capture to invert each rounding in turn;
 * L2: the explicit g' term holds p_b, so solve p_a = p_b + (c1(ĝ + λ·p_b) + c2·m)/D:
-  u = (c1(ĝ + λ·p_a) + c2·m) / (D + c1·λ), whose gradient term is u - c2·m/D. Its condition number κ = D / (D + c1·λ) multiplies the
-  rounding of p_a. ``before`` bounds κ from the pre-step state, D ≥ sqrt(β2·min(v_old) / bc2) + eps,
+  u = (c1(ĝ + λ·p_a) + c2·m) / (D + c1·λ), whose gradient term is u - c2·m/D. Its condition number κ = D / (D + c1·λ)
+  multiplies the rounding of p_a. ``before`` bounds κ from the pre-step state, D ≥ sqrt(β2·min(v_old) / bc2) + eps,
   and takes a clone when κ could exceed 2 (always at the first step, where v_old = 0). The bound
   needs min(v_old) on the host: read for CPU parameters; on an accelerator that would be one host
   sync per parameter, so L2 parameters there take the clone.
@@ -53,7 +53,7 @@ class NAdamView(View):
             return Cloned.of(p)
         return None
 
-    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:
+    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | Stores | None:
         if p.grad is None or "exp_avg" not in state:
             return None
         foreach = ran_foreach(group)

@@ -47,7 +47,7 @@ class RAdamView(View):
             return Cloned.of(p)
         return None
 
-    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | None:
+    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Tensor | Stores | None:
         if p.grad is None or "exp_avg" not in state:
             return None
         m, v = state["exp_avg"], state["exp_avg_sq"]
