@@ -35,7 +35,7 @@ def attach(obj: T, config: MonitorConfig | None = None) -> T:
     ``state_dict()`` loads into the plain class. What wrapped or hooked its step before (an LR
     scheduler, step hooks, accelerate's or a trainer's wrapper) still runs once per step. The step
     axis continues from the steps the optimizer has taken (its state's count). Attaching an
-    optimizer that is already monitored changes nothing.
+    optimizer that is already monitored changes nothing (the monitor keeps its configuration).
 
     Example::
 
@@ -58,7 +58,8 @@ def attach(obj: T, config: MonitorConfig | None = None) -> T:
 
     Warns:
         RuntimeWarning: the optimizer has state but keeps no step count (SGD): the axis starts at
-        step 1; set ``opt.monitor.step`` to the steps taken to continue it.
+        step 1; set ``opt.monitor.step`` to the steps taken to continue it. Also where a wrapper of
+        its step cannot be followed, and where it is already monitored with another ``config``.
     """
     return attach_at(obj, config, None)
 
@@ -69,13 +70,20 @@ def attach_at(obj: T, config: MonitorConfig | None, steps: int | None, names: to
     after ``names`` (a model that several optimizers share) too."""
     optimizer, wrapper, model = _inside(obj)
     base = type(optimizer)
-    if "_monitored_base" in vars(base) or "_monitor" in vars(optimizer):
-        return obj  # already monitored: one monitor
+    if "_monitor" in vars(optimizer):  # already monitored: one monitor
+        kept = optimizer._monitor.config  # type: ignore[attr-defined]
+        if config is not None and config != kept:
+            warn(f"monitored_optim: this {base.__name__} is already monitored, with {kept!r}; the configuration "
+                 "given now is not used (a monitor's configuration is fixed when it is made)", RuntimeWarning)
+        return obj
     monitor = Monitor(config, base)  # bad configuration fails before the optimizer changes
     hooked = base.step
     optimizer.__class__ = Monitored(base)
     optimizer._patch_step_function()  # torch's hook wrapper on the monitored step, as __init__ does
-    reroute(optimizer, hooked, type(optimizer).step)
+    if "step" in vars(optimizer) and not reroute(optimizer, hooked, type(optimizer).step):
+        warn(f"monitored_optim: the {base.__name__}'s step was wrapped before attach() in a way it cannot follow "
+             "(a functools.partial's arguments, an object holding the bound method), so the steps taken through "
+             "that wrapper are not monitored; attach() before wrapping opt.step", RuntimeWarning)
     optimizer._monitor = monitor  # type: ignore[attr-defined]
     kept = _step_count_kept(optimizer, -1)
     if steps is None and kept < 0 and any(optimizer.state.values()):
@@ -142,7 +150,8 @@ def reroute(optimizer: torch.optim.Optimizer, old: Any, new: Any) -> int:
 
     An LR scheduler keeps the class's function in its wrapper's closure; accelerate keeps the
     bound method. Both are followed through wrappers of wrappers (closures, bound methods of
-    ``optimizer``, ``functools.partial``).
+    ``optimizer``, the function of a ``functools.partial``); a partial's arguments and other
+    objects' attributes are not.
     """
     start = vars(optimizer).get("step")
     return 0 if start is None else _reroute(start, old, new, optimizer, set())

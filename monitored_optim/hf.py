@@ -14,7 +14,7 @@ from typing import Any
 import transformers
 
 from .attach import attach_at
-from .config import MonitorConfig
+from .config import ENV_LOGDIR, MonitorConfig
 from .trainers import config_for
 
 REPORT_TO = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio",
@@ -34,13 +34,13 @@ class MonitorCallback(transformers.TrainerCallback):
 
     With no ``config``, the figures go where ``args.report_to`` sends the Trainer's (TensorBoard in
     the Trainer's logging directory, or the W&B, MLflow, trackio, SwanLab or Comet run it opened;
-    none there: the ``MONITORED_OPTIM_*`` environment, else the defaults), on the steps the Trainer
-    logs (``logging_steps``, unless ``MONITORED_OPTIM_EVERY`` is set). The x axis is the optimizer
-    step, the Trainer's ``global_step``.
+    none there: ``MONITORED_OPTIM_BACKEND``, else TensorBoard, in ``MONITORED_OPTIM_LOGDIR``, else
+    the Trainer's ``runs/`` directory), on the steps the Trainer logs (``logging_steps``, unless
+    ``MONITORED_OPTIM_EVERY`` is set). The x axis is the optimizer step, the Trainer's ``global_step``.
 
     Args:
-        config: a :class:`~monitored_optim.config.MonitorConfig` used instead (its ``model`` defaults
-            to the Trainer's).
+        config: a :class:`~monitored_optim.config.MonitorConfig`; the fields it sets win, the
+            Trainer's (``backend``, ``logdir``, ``every``, ``model``) fill those it leaves unset.
     """
 
     def __init__(self, config: MonitorConfig | None = None) -> None:
@@ -51,7 +51,8 @@ class MonitorCallback(transformers.TrainerCallback):
         if optimizer is None:
             return
         backends = [REPORT_TO[name] for name in args.report_to or [] if name in REPORT_TO]
-        logdir = tensorboard_dir(args) if "tensorboard" in backends or not backends else None
+        beside = "tensorboard" in backends or not (backends or os.environ.get(ENV_LOGDIR))
+        logdir = tensorboard_dir(args) if beside else None
         every = state.logging_steps if args.logging_strategy == "steps" else None
         attach_at(optimizer, config_for(self.config, model, backends, logdir, every), state.global_step)
 

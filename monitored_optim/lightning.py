@@ -31,8 +31,9 @@ class MonitorCallback(pl.Callback):
     for the same class again (as ``LearningRateMonitor`` names them).
 
     Args:
-        config: a :class:`~monitored_optim.config.MonitorConfig` used instead, for every optimizer
-            (its ``model`` defaults to the LightningModule; each optimizer's prefix is added to its own).
+        config: a :class:`~monitored_optim.config.MonitorConfig` for every optimizer; the fields it
+            sets win, the Trainer's (``backend``, ``logdir``, ``every``, the module as ``model``)
+            fill those it leaves unset, and each optimizer's prefix is added after its own.
     """
 
     def __init__(self, config: MonitorConfig | None = None) -> None:

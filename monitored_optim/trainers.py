@@ -22,8 +22,9 @@ def config_for(given: MonitorConfig | None, model: torch.nn.Module | None, backe
     """The configuration a callback attaches with.
 
     Args:
-        given: the callback's configuration; it wins, with ``model`` (where it names none) and
-            ``prefix`` (joined after its own with ``.``) added.
+        given: the callback's configuration; each field it sets wins, the trainer's fill those it
+            leaves unset (``backend``, ``logdir``, ``every``, ``model``), and ``prefix`` is joined
+            after its own with ``.``.
         model: the trainer's model, which names the parameters.
         backends: the backends the trainer logs to (none: the environment's, else the default).
         logdir: the trainer's log directory (None: the environment's, else the default).
@@ -31,11 +32,11 @@ def config_for(given: MonitorConfig | None, model: torch.nn.Module | None, backe
             ``MONITORED_OPTIM_EVERY`` is not set.
         prefix: the tag prefix that keeps one of several optimizers apart, or None.
     """
-    if given is not None:
-        joined = ".".join(p for p in (given.prefix, prefix) if p) or None
-        return dataclasses.replace(given, model=given.model if given.model is not None else model, prefix=joined)
+    given = given if given is not None else MonitorConfig()
     period = every if isinstance(every, int) and every >= 1 and ENV_EVERY not in os.environ else None
-    return MonitorConfig(backend=",".join(backends) or None, logdir=logdir, every=period, model=model, prefix=prefix)
+    own = {"backend": ",".join(backends) or None, "logdir": logdir, "every": period, "model": model}
+    unset = {field: value for field, value in own.items() if getattr(given, field) is None}
+    return dataclasses.replace(given, **unset, prefix=".".join(p for p in (given.prefix, prefix) if p) or None)
 
 
 def prefixes(optimizers: Sequence[Any]) -> list[str | None]:

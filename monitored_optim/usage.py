@@ -45,15 +45,16 @@ def tell_unstepped(usages: list[Usage]) -> None:
 
 
 def advice() -> str:
-    """What to do instead, for the trainer loaded in this process."""
-    if "transformers" in sys.modules:
-        return ("the HF Trainer builds an optimizer of its own under deepspeed= (always with optimizers=(opt, None), "
-                "and from the DeepSpeed config's \"optimizer\" section): pass callbacks=[MonitorCallback()] "
-                "(from monitored_optim.hf import MonitorCallback) to monitor the optimizer it steps")
+    """What to do instead, for the trainers loaded in this process (each one's where several are)."""
+    told = []
     if "lightning" in sys.modules or "pytorch_lightning" in sys.modules:
-        return ("pass Trainer(callbacks=[MonitorCallback()]) (from monitored_optim.lightning import MonitorCallback) "
-                "to monitor the optimizers the Trainer steps")
-    if "deepspeed" in sys.modules:
-        return ("DeepSpeed builds an optimizer of its own from a config with an \"optimizer\" section: call "
-                "monitored_optim.attach(engine) after deepspeed.initialize to monitor the one it steps")
-    return "call monitored_optim.attach(optimizer) on the optimizer the trainer steps"
+        told.append("with Lightning, pass Trainer(callbacks=[MonitorCallback()]) (from monitored_optim.lightning "
+                    "import MonitorCallback) to monitor the optimizers the Trainer steps")
+    if "transformers" in sys.modules:
+        told.append("with the HF Trainer, which builds an optimizer of its own under deepspeed=, pass "
+                    "callbacks=[MonitorCallback()] (from monitored_optim.hf import MonitorCallback) to monitor the "
+                    "one it steps")
+    if "deepspeed" in sys.modules and not told:
+        told.append("DeepSpeed builds an optimizer of its own from a config with an \"optimizer\" section: call "
+                    "monitored_optim.attach(engine) after deepspeed.initialize to monitor the one it steps")
+    return "; ".join(told) or "call monitored_optim.attach(optimizer) on the optimizer the trainer steps"

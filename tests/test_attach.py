@@ -168,10 +168,26 @@ def test_bad_input_fails_before_the_optimizer_changes():
 
 
 def test_monitor_of_finds_the_monitor_through_the_wrappers():
-    opt = torch.optim.AdamW(model().parameters(), lr=1e-2)
+    m = model()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
     with pytest.raises(ValueError, match="AdamW in AdamW is not monitored"):
         monitor_of(opt)
     with pytest.raises(TypeError, match="attach"):
-        monitor_of(model())
-    attach(opt, MonitorConfig(backend="none"))
+        monitor_of(m)
+    attach(opt, MonitorConfig(backend="none", model=m))
     assert monitor_of(opt) is opt.monitor
+
+
+def test_a_wrapper_attach_cannot_follow_and_a_second_config_are_told():
+    m = model()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    opt.step = functools.partial(lambda step, *a, **k: step(*a, **k), opt.step)  # holds the bound method
+    with pytest.warns(RuntimeWarning, match="wrapped before attach\\(\\) in a way it cannot follow"):
+        attach(opt, MonitorConfig(backend="none", model=m))
+    with pytest.warns(RuntimeWarning, match="already monitored, with MonitorConfig"):
+        attach(opt, MonitorConfig(backend="none", every=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        attach(opt)  # no configuration given: nothing to tell
+        built = Monitored(torch.optim.SGD)(m.named_parameters(), lr=0.1, monitor=MonitorConfig(backend="none"))
+        attach(built, MonitorConfig(backend="none"))  # the same configuration

@@ -119,6 +119,15 @@ def test_hf_default_optimizer_logs_to_the_trainers_tensorboard_at_its_logging_st
         assert_figures_match(row, truths[step - 1])
 
 
+def test_hf_report_to_none_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("MONITORED_OPTIM_BACKEND", "jsonl")
+    monkeypatch.setenv("MONITORED_OPTIM_LOGDIR", str(tmp_path / "env"))
+    trainer, truths = hf_run(tmp_path / "out", True)
+    rows = [json.loads(line) for line in (tmp_path / "env" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]
+    assert not (tmp_path / "out" / "runs").exists()
+
+
 @pytest.mark.parametrize("optim", ["adamw_torch", "adafactor", "sgd", "rmsprop"])
 def test_hf_optim_names_are_monitored_with_the_trainers_settings(tmp_path, optim):
     plain, _ = hf_run(tmp_path / "plain", False, optim=optim)
@@ -227,16 +236,20 @@ def test_lightning_unchanged_module_logs_beside_its_tensorboard_logger(tmp_path,
 
 
 def test_lightning_two_optimizers_are_kept_apart_in_its_csv_loggers_directory(tmp_path):
+    """Two optimizers (manual optimization) under their class names after the configuration's prefix,
+    in the CSV logger's directory, each one's figures its own clone truth."""
     from lightning.pytorch.loggers import CSVLogger
 
     plain, *_ = lit_run(tmp_path / "plain", TwoOptimizers, False, False)
     logger = CSVLogger(str(tmp_path / "csv"), name="lit")
-    module, trainer, truths, told = lit_run(tmp_path, TwoOptimizers, True, logger)
+    # a configuration that sets only a prefix keeps the logger's destination
+    module, trainer, truths, told = lit_run(tmp_path, TwoOptimizers, True, logger, MonitorConfig(prefix="gan"))
     assert trainer.global_step == 6 and [opt.monitor.step for opt in trainer.optimizers] == [3, 3]
     assert told == []
     assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), module.parameters()))
     rows = [json.loads(line) for line in (Path(logger.log_dir) / "metrics.jsonl").read_text().splitlines()]
-    for prefix, names, truth in (("AdamW/", ("net.0.", "net.1."), truths[0]), ("SGD/", ("net.2.",), truths[1])):
+    for prefix, names, truth in (("gan.AdamW/", ("net.0.", "net.1."), truths[0]),
+                                 ("gan.SGD/", ("net.2.",), truths[1])):
         own = [{k[len(prefix):]: v for k, v in row.items() if k.startswith(prefix)} for row in rows]
         own = [row for row in own if row]
         assert len(own) == 3 and all(k.split("/", 1)[1].startswith(names) for row in own for k in row
