@@ -41,7 +41,7 @@ def attach(obj: T, config: MonitorConfig | None = None) -> T:
 
         trainer = SomeTrainer(model)            # builds and wraps its own optimizer
         attach(trainer.optimizer)               # or attach(deepspeed_engine)
-        trainer.optimizer.optimizer.monitor.latest
+        monitor_of(trainer.optimizer).latest
 
     Args:
         obj: a ``torch.optim.Optimizer``, or a wrapper holding one: accelerate's
@@ -71,9 +71,9 @@ def attach_at(obj: T, config: MonitorConfig | None, steps: int | None, names: to
     optimizer, wrapper, model = _inside(obj)
     base = type(optimizer)
     if "_monitor" in vars(optimizer):  # already monitored: one monitor
-        kept = optimizer._monitor.config  # type: ignore[attr-defined]
-        if config is not None and config != kept:
-            warn(f"monitored_optim: this {base.__name__} is already monitored, with {kept!r}; the configuration "
+        current = optimizer._monitor.config  # type: ignore[attr-defined]
+        if config is not None and config != current:
+            warn(f"monitored_optim: this {base.__name__} is already monitored, with {current!r}; the configuration "
                  "given now is not used (a monitor's configuration is fixed when it is made)", RuntimeWarning)
         return obj
     monitor = Monitor(config, base)  # bad configuration fails before the optimizer changes
@@ -85,12 +85,12 @@ def attach_at(obj: T, config: MonitorConfig | None, steps: int | None, names: to
              "(a functools.partial's arguments, an object holding the bound method), so the steps taken through "
              "that wrapper are not monitored; attach() before wrapping opt.step", RuntimeWarning)
     optimizer._monitor = monitor  # type: ignore[attr-defined]
-    kept = _step_count_kept(optimizer, -1)
-    if steps is None and kept < 0 and any(optimizer.state.values()):
+    counted = _step_count_kept(optimizer, -1)
+    if steps is None and counted < 0 and any(optimizer.state.values()):
         warn(f"monitored_optim: the {base.__name__} attached has taken steps but keeps no step count, so the "
              "monitor's x axis starts at step 1; set opt.monitor.step to the steps taken to continue it",
              RuntimeWarning)
-    monitor.resume_at(steps if steps is not None else max(kept, 0))
+    monitor.resume_at(steps if steps is not None else max(counted, 0))
     monitor.attach(optimizer, wrapper, model if model is not None else names)
     return obj
 
