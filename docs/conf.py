@@ -42,6 +42,8 @@ nitpick_ignore_regex = [
     ("py:.*", r"(collections\.abc|typing|types|os|pathlib)\..*"),
     ("py:class", r"(Tensor|Path|Mapping|Sequence|Callable|Iterable|Iterator|Any|RenderableType)"),
     ("py:class", r"monitored_optim\.monitored\.O"),  # the TypeVar of Monitored(cls) -> cls
+    ("py:class", r"monitored_optim\.attach\.T"),  # the TypeVar of attach(obj) -> obj
+    ("py:class", r"DTensor"),  # torch.distributed.tensor.DTensor, named in a TypeGuard
 ]
 
 html_theme = "furo"

@@ -141,7 +141,7 @@ def _health_checks(names: list[str], table: host.MomentTable, held: list[bool] |
                      for i, row in zip(rows.nonzero().flatten().tolist(), bad[rows].tolist())}
     coarse = table.coarse
     withheld = (coarse[:, 2] | coarse[:, 0]).sum() + (has_grad & (coarse[:, 1] | coarse[:, 0])).sum()
-    return Checks(names, has_grad.tolist(), unchanged.tolist(), nonfinite, int(withheld))
+    return Checks(names, has_grad.tolist(), unchanged.tolist(), nonfinite, int(withheld.tolist()))
 
 
 def tensor_lrs(optimizer: torch.optim.Optimizer) -> dict[int, Tensor]:

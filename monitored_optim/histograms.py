@@ -71,9 +71,11 @@ class Histogram(list):
     list of ints), with the exact extremes and sums of the same elements.
 
     Attributes:
-        min, max: the smallest and largest finite element (float); None where there is none (an
-            empty tensor, or one of NaN and infinities only).
-        sum, sum_squares: Σx and Σx² over the finite elements (0.0 where there is none).
+        min: the smallest finite element (float); None where there is none (an empty tensor, or one
+            of NaN and infinities only).
+        max: the largest finite element (float), or None likewise.
+        sum: Σx over the finite elements (0.0 where there is none).
+        sum_squares: Σx² over the finite elements (0.0 where there is none).
 
     Example: ``Histogram(counts, -0.0012, 0.0011, -0.08, 2.1e-5)``; ``list(h)`` is the counts.
     """

@@ -172,11 +172,11 @@ class Batch:
         Args:
             xs: floating or complex tensors of any shapes and devices (see :func:`moments`).
             centre: per tensor, whether to take the centred pass
-            (:attr:`~monitored_optim.host.MomentTable.needs_centring`).
+                (:attr:`~monitored_optim.host.MomentTable.needs_centring`).
             scale: see :data:`Scale`; sums are linear, so the factor is applied when finishing.
             scratch: per tensor (or for all), whether it is a temporary that the sums may
                 overwrite; one that takes no centred pass is summed about its first element
-                (:func:`_shifted`), exact for any spread all the same.
+                (``_shifted``), exact for any spread all the same.
             into: per tensor, a slot returned earlier that this tensor is another disjoint part of
                 (its moments are merged into that slot's), or None for a new slot.
 

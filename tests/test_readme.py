@@ -52,21 +52,31 @@ def test_the_trainer_snippets_build_their_optimizers(tmp_path, monkeypatch):
                  "no_decay": no_decay, "accelerator": accelerate.Accelerator(cpu=True), "transformers": transformers}
     from monitored_optim import Monitored, MonitorConfig  # noqa: F401 - the snippet's names
     namespace.update(torch=torch, Monitored=Monitored, MonitorConfig=MonitorConfig)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # the libraries' own
-        exec("\n".join(python_blocks(TRAINERS)), namespace)
-    assert isinstance(namespace["trainer"], transformers.Trainer)
-    assert namespace["trainer"].optimizer.monitor.settings.backends == ("wandb",)
-    with pytest.warns(UserWarning, match="two monitored optimizers log the same tags"):  # the first snippet's too
-        grouped = namespace["grouped"].create_optimizer()  # the Trainer's decay / no-decay groups, named from the model
-    assert len(grouped.param_groups) == 2 and grouped.monitor.settings.backends == ("wandb",)
-    described = grouped.monitor.describe()
-    assert "transformer.h.0.attn.c_attn.weight" in described and "param0" not in described
-    with warnings.catch_warnings(record=True) as seen:  # the same tags again: warned once above, at most
+    lightning = pytest.importorskip("lightning")
+    namespace["lightning"] = lightning
+    with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        by_name = namespace["by_name"].create_optimizer()  # the class and arguments of TrainingArguments.optim
-    assert all("log the same tags" in str(w.message) for w in seen), [str(w.message) for w in seen]
-    assert isinstance(by_name, torch.optim.AdamW) and "transformer.h.0.attn.c_attn.weight" in by_name.monitor.describe()
-    assert callable(namespace["configure_optimizers"])
+        for block in python_blocks(TRAINERS):
+            exec(block, namespace)
+            if "transformers.Trainer(" in block and "callbacks=[MonitorCallback()]" in block:
+                hf_trainer = namespace["trainer"]  # a Lightning Trainer takes the name later
+    ours = [str(w.message) for w in seen if str(w.message).startswith("monitored_optim")]
+    assert all("log the same tags" in m for m in ours), ours  # several optimizers in one namespace, one logdir
+    from monitored_optim import monitor_of
+    from monitored_optim.hf import MonitorCallback
+
+    trainer = hf_trainer
+    assert isinstance(trainer, transformers.Trainer) and any(isinstance(c, MonitorCallback)
+                                                             for c in trainer.callback_handler.callbacks)
+    monitor = monitor_of(trainer.optimizer)  # the callback's, inside accelerate's wrapper
+    assert monitor.step == trainer.state.global_step > 0 and len(trainer.optimizer.param_groups) == 2
+    assert namespace["callback"].config.every == 10
+    grouped = namespace["grouped"].create_optimizer()  # the Trainer's decay / no-decay groups, named from the model
+    assert len(grouped.param_groups) == 2 and "param0" not in grouped.monitor.describe()
+    assert namespace["built"].optimizer is namespace["built"].create_optimizer()  # the one given
+    assert callable(namespace["monitored_engine"]) and callable(namespace["configure_optimizers"])
+    lit = namespace["trainer"]
+    assert isinstance(lit, lightning.Trainer) and any(type(c).__module__ == "monitored_optim.lightning"
+                                                      for c in lit.callbacks)
     nanogpt = namespace["opt"].monitor  # the last line: bare tensors, named from MonitorConfig(model=)
     assert "transformer.h.0.attn.c_attn.weight" in nanogpt.describe() and "param0" not in nanogpt.describe()

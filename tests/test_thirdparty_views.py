@@ -267,7 +267,8 @@ def test_schedule_free_replayed_sums_under_verify_and_families_that_read_each_up
         if figures == "verify":
             assert latest.pop("verify/max_rel_error") < 1e-6
         core = ("update_norm/", "param_norm/", "grad_norm/", "update_to_data/", "grad_to_data/", "global/",
-                "health/no_grad", "health/unchanged", "health/nonfinite", "health/skipped_steps")
+                "health/no_grad", "health/unchanged", "health/nonfinite", "health/skipped_steps",
+                "health/withheld")
         truth.assert_figures_match({k: v for k, v in latest.items() if k.startswith(core)},
                                    _truth(opt, named, before, grads))
 

@@ -43,9 +43,9 @@ class Run:
     Attributes:
         path: the run directory that was read.
         source: ``"jsonl"`` or ``"tensorboard"``, which files the figures came from.
-        steps: every step at which the monitor logged (tags it writes, :func:`~monitored_optim.tags.split`; other
-        writers' tags
-            in the same directory, a trainer's loss, do not add steps), ascending (the x axis; ints >= 1).
+        steps: every step at which the monitor logged (tags it writes, :func:`~monitored_optim.tags.split`;
+            other writers' tags in the same directory, a trainer's loss, do not add steps), ascending
+            (the x axis; ints >= 1).
         series: tag -> list of ``(step, value)`` pairs in ascending step order, the tags in layer
             order (first-appearance order, see the module docstring). Values are floats in the
             tag's unit (log10 of a ratio for ``update_to_data/``, L2 norms for ``*_norm``, ...).
