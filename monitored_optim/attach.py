@@ -109,7 +109,7 @@ def monitor_of(obj: Any) -> Monitor:
     if "_monitor" not in vars(optimizer):
         raise ValueError(f"the {type(optimizer).__name__} in {type(obj).__name__} is not monitored: "
                          "monitored_optim.attach() it, or build it from Monitored(cls)")
-    return optimizer._monitor  # type: ignore[no-any-return]
+    return optimizer._monitor  # type: ignore[attr-defined]  # set on the instance by attach() or Monitored
 
 
 def _inside(obj: Any) -> tuple[torch.optim.Optimizer, Any, torch.nn.Module | None]:
@@ -122,9 +122,9 @@ def _inside(obj: Any) -> tuple[torch.optim.Optimizer, Any, torch.nn.Module | Non
         seen.append(id(inner))
         if type(inner).__name__ in WRAPPERS:
             wrapper = inner
-        if model is None and isinstance(inner, torch.nn.Module) and isinstance(getattr(inner, "module", None),
+        if model is None and isinstance(inner, torch.nn.Module) and isinstance(module := getattr(inner, "module", None),
                                                                                torch.nn.Module):
-            model = inner.module  # a DeepSpeed engine (its .module is the model)
+            model = module  # a DeepSpeed engine (its .module is the model)
         inner = _held(inner)
     if inner is None or not _is_optimizer(inner):
         raise TypeError(f"attach() expects a torch.optim.Optimizer or a wrapper holding one (accelerate's, "

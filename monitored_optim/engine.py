@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -44,7 +44,7 @@ class Search:
         return any(group["params"] and id(group["params"][0]) not in self.born
                    and id(group["params"][0]) not in self._looked for group in optimizer.param_groups)
 
-    def missed(self, optimizer: torch.optim.Optimizer) -> bool:
+    def missed(self, optimizer: torch.optim.Optimizer) -> Literal[False]:
         """Note the tensors that lead the param groups now, where no wrapper was found; returns False."""
         self._looked.update(id(group["params"][0]) for group in optimizer.param_groups if group["params"])
         return False
@@ -93,6 +93,7 @@ class EngineSteps:
         """A base step that the wrapper calls, inside its step or not (the one it takes at build time
         is not counted); on a logging step, the capture of the param groups it steps."""
         monitor = self._monitor()
+        assert monitor is not None  # the monitor calls it
         monitor.base_calls += 1
         self._calls += 1
         pending = self._pending
@@ -114,16 +115,23 @@ class EngineSteps:
 
     def model_params(self) -> list[torch.Tensor]:
         """The model's parameters in the wrapper's flat buffers."""
-        return [h.source for _, pieces in self.layout.groups() for h in pieces]
+        params: list[torch.Tensor] = []
+        for _, pieces in self.layout.groups():
+            for h in pieces:
+                assert h.source is not None  # a fragment of a DeepSpeed layout names its parameter
+                params.append(h.source)
+        return params
 
     def _begin(self, optimizer: torch.optim.Optimizer) -> None:
         monitor = self._monitor()
+        assert monitor is not None  # called by __init__, step() or call(), with the monitor alive
         self._calls = 0
         self._pending = monitor._open(optimizer, self.layout) if monitor._count.logs_next(monitor.settings.every) \
             else None
 
     def _end(self, optimizer: torch.optim.Optimizer) -> None:
         monitor = self._monitor()
+        assert monitor is not None  # called by step() or call(), with the monitor alive
         pending, self._pending = self._pending, None
         if not self._calls:
             monitor.skipped()

@@ -21,6 +21,7 @@ from .stats import CENTRE_ABOVE, KINDS, RELIABLE_BELOW, Moments
 if TYPE_CHECKING:
     from .capture.plan import Entries, Entry, Roster
     from .distributed import Sharding
+    from .pieces import Keys
     from .distributed.pipeline import Ranks
     from .distributed.table import Reduced
 
@@ -148,9 +149,10 @@ def pieces(entries: list[Entry], holding: list[int], values: list[list[float]]
     """Per entry, its pieces' host values, from ``values`` in the order of their pieces.
 
     Only the entries at the indices ``holding`` have any; the others get an empty dict."""
-    values, own = iter(values), [{} for _ in range(len(entries))]
+    it = iter(values)
+    own: list[dict[str, list[float]]] = [{} for _ in range(len(entries))]
     for i in holding:
-        own[i] = {key: next(values) for key in entries[i].pieces}
+        own[i] = {key: next(it) for key in entries[i].pieces}
     return own
 
 
@@ -171,7 +173,7 @@ def table(entries: list[Entry], captured: list[int], counts: Tensor | list[float
 
 
 def gather(entries: Entries, roster: Roster, rows: Moments, lr_values: dict[int, Tensor],
-           sharding: Sharding | None = None, keys: dict[str, str] | None = None, ranks: Ranks | None = None,
+           sharding: Sharding | None = None, keys: Keys | None = None, ranks: Ranks | None = None,
            cost: tuple[float, float] = (0.0, 0.0)) -> tuple[Hosted, list[list[float]], Reduced | None]:
     """A logging step's values on the host: one device-to-host copy per device, or under
     ``torch.distributed`` one all_reduce (and one host copy for Tensor learning rates).
@@ -199,7 +201,8 @@ def gather(entries: Entries, roster: Roster, rows: Moments, lr_values: dict[int,
         own, read = pieces(leads, holding, extra[:len(held)]), extra[len(held):]
         return Hosted(table(leads, roster.captured, counts, pairs, present), own), read, None
     for e in leads:  # whole-parameter values and counts
-        e.pieces.update({kind: rows[slot] for kind, slot in e.slots.items() if rows[slot] is not None})
+        e.pieces.update({kind: row for kind, slot in e.slots.items() if (row := rows[slot]) is not None})
+    assert keys is not None and ranks is not None  # given with the sharding
     reduced = sharding.reduce(leads, keys, ranks, cost)
     empty = torch.zeros(0, dtype=torch.long)
     read = Moments({}, {}, 0, torch.zeros(0)).host(empty, list(lr_values.values()))[2]

@@ -45,7 +45,8 @@ class MonitorCallback(pl.Callback):
         steps = trainer.global_step if len(optimizers) == 1 else None
         watched = pl_module if len(optimizers) == 1 else None  # one of several holds part of the model
         for opt, prefix in zip(optimizers, prefixes(optimizers)):
-            config = config_for(self.config, watched, backends, logdir, trainer.log_every_n_steps, prefix)
+            every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning's logger connector
+            config = config_for(self.config, watched, backends, logdir, every, prefix)
             attach_at(opt, config, steps, pl_module)
 
 

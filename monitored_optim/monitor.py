@@ -21,7 +21,7 @@ from __future__ import annotations
 import atexit
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -80,7 +80,7 @@ class Monitor(ReadBack):
         self._delivery = Delivery(self.settings)
         self._optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None
         self._ranks = distributed.Ranks()  # the names every rank monitors, once exchanged
-        self._engine: engine.EngineSteps | bool | None = None  # DeepSpeed's steps once found, False: none
+        self._engine: engine.EngineSteps | Literal[False] | None = None  # DeepSpeed's steps once found, False: none
         self._search = engine.Search()  # when to look for DeepSpeed's wrapper (again)
         self._usage = usage.Usage(optimizer_cls.__name__)
         weakref.finalize(self, usage.UNSTEPPED.append, self._usage)  # told at exit if it was never stepped
@@ -207,6 +207,7 @@ class Monitor(ReadBack):
         """Stage 2: the capture before a base step (of the param groups ``groups``, None: all); returns
         the entries it made and the step's arguments, a closure wrapped to record the grads it makes."""
         optimizer, sharding = self._optimizer(), pending.sharding
+        assert optimizer is not None  # the optimizer being stepped, alive
         if not (self._engine or self._told_unmapped):  # a known DeepSpeed wrapper's buffers are mapped
             self._told_unmapped = tell_unmapped(optimizer)
         grad_scale = getattr(optimizer, "grad_scale", None)
@@ -223,6 +224,7 @@ class Monitor(ReadBack):
     def _after(self, pending: _Pending, entries: Entries) -> None:
         """Stage 4: the capture after a base step, of the ``entries`` taken before it."""
         read = self._optimizer() if pending.sharding is None else pending.sharding.local
+        assert read is not None  # the optimizer being stepped, alive
         self.capture.after(read.state, entries, pending.batch)
 
     @stage(last=True)

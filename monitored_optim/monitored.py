@@ -56,7 +56,7 @@ def Monitored(optimizer_cls: O) -> O:
             constructor already takes a ``monitor`` argument.
     """
     if isinstance(optimizer_cls, functools.partial):
-        return functools.partial(Monitored(optimizer_cls.func), *optimizer_cls.args,  # type: ignore[return-value]
+        return functools.partial(Monitored(optimizer_cls.func), *optimizer_cls.args,
                                  **optimizer_cls.keywords)
     if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
         raise TypeError("Monitored() expects an optimizer class, a subclass of torch.optim.Optimizer "
@@ -98,8 +98,8 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
     __init__.__doc__ = base.__init__.__doc__
     step.__signature__ = _signature(raw_step(base))  # type: ignore[attr-defined]
     step.__doc__ = raw_step(base).__doc__
-    state_dict.__signature__ = _signature(base.state_dict)  # type: ignore[attr-defined]
-    load_state_dict.__signature__ = _signature(base.load_state_dict)  # type: ignore[attr-defined]
+    state_dict.__signature__ = _signature(base.state_dict)
+    load_state_dict.__signature__ = _signature(base.load_state_dict)
     state_dict.__doc__ = (f"{base.__name__}.state_dict() plus ``'monitor': {{'step': N}}``, the monitor's step "
                           f"count (ignored by the plain class's load_state_dict).")
     load_state_dict.__doc__ = (f"Load a state dict of this class or of the plain {base.__name__}.\n\n"

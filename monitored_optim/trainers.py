@@ -34,7 +34,7 @@ def config_for(given: MonitorConfig | None, model: torch.nn.Module | None, backe
     """
     given = given if given is not None else MonitorConfig()
     period = every if isinstance(every, int) and every >= 1 and ENV_EVERY not in os.environ else None
-    own = {"backend": ",".join(backends) or None, "logdir": logdir, "every": period, "model": model}
+    own: dict[str, Any] = {"backend": ",".join(backends) or None, "logdir": logdir, "every": period, "model": model}
     unset = {field: value for field, value in own.items() if getattr(given, field) is None}
     return dataclasses.replace(given, **unset, prefix=".".join(p for p in (given.prefix, prefix) if p) or None)
 

@@ -45,6 +45,7 @@ def edges(hist: Histogram) -> list[float]:
     Example: a histogram of 0.3 and 0.7 is drawn as ``[0.3, 0.5, 0.7]`` (bins ``[0.25, 0.5)`` and ``[0.5, 1)``).
     """
     start, stop = span(hist)
+    assert hist.min is not None and hist.max is not None  # a histogram with a count has both
     return [hist.min, *LIMITS[start + 1:stop], hist.max]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 from pathlib import Path
 
 import comet_ml
@@ -58,7 +59,7 @@ class CometBackend:
             running = comet_ml.start(experiment_config=comet_ml.ExperimentConfig(
                 offline_directory=None if directory is None else str(directory)))
         assert running is not None  # started, or the running one (not owned)
-        self._experiment = running
+        self._experiment: Any = running  # comet_ml's hints type curr_step None; None once closed
         self._key = Keys(comet_key, MAX_KEY)
 
     def log(self, metrics: dict[str, float], step: int) -> None:

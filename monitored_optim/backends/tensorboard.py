@@ -102,7 +102,7 @@ def histogram(hist: Histogram) -> HistogramProto:
                           bucket=kept)
 
 
-_CHARTS: dict[str, dict[tuple[str, str | None], dict[str, list]]] = {}
+_CHARTS: dict[str, dict[tuple[str, str], dict[str, list]]] = {}
 """Real path of a logdir -> the charts this process's writers there have laid out so far, by (prefix,
 family): each writer's layout holds them all, since TensorBoard shows one layout per run directory
 (two optimizers with prefixes sharing a logdir both get their charts)."""
@@ -126,7 +126,9 @@ def layout(tags: Iterable[str], logdir: Path | None = None) -> Summary:
         if parts is None:
             continue
         prefix, kind, _ = parts
-        category = charts.setdefault((prefix, family(kind + "/_")), {})
+        name = family(kind + "/_")
+        assert name is not None  # split() parses only the tags the monitor writes, each of a family
+        category = charts.setdefault((prefix, name), {})
         category.setdefault(f"{prefix}{kind}", ["Multiline", [rf"^{re.escape(prefix + kind)}/(?!.*/arg(min|max)$)"]])
     order = sorted(charts, key=lambda key: (key[0], FAMILIES.index(key[1]) if key[1] in FAMILIES else len(FAMILIES)))
     return custom_scalars({prefix + name: charts[prefix, name] for prefix, name in order})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 import trackio
 from trackio import context_vars
@@ -48,11 +49,11 @@ class TrackioBackend:
     def __init__(self) -> None:
         current = context_vars.current_run.get()
         self._owned = current is None
-        self._run = trackio.init(project=os.environ.get("TRACKIO_PROJECT") or DEFAULT_PROJECT,
+        self._run: Any = trackio.init(project=os.environ.get("TRACKIO_PROJECT") or DEFAULT_PROJECT,
                                  embed=False) if current is None else current
         self._key = Keys(trackio_key, 10_000)
 
-    def log(self, metrics: dict[str, float], step: int) -> None:
+    def log(self, metrics: dict[str, Any], step: int) -> None:  # floats, or histograms()'s trackio.Histogram
         counter = getattr(self._run, "_next_step", None)
         self._run.log(self._key.rename(metrics), step=step)
         if counter is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 from pathlib import Path
+from typing import Any, cast
 
 import wandb
 
@@ -35,6 +36,7 @@ class WandbBackend:
 
     def __init__(self, logdir: Path) -> None:
         self._owned = wandb.run is None
+        self._run: Any  # wandb's Run; None once closed
         if self._owned:
             self._run = wandb.init(dir=None if os.environ.get("WANDB_DIR") else str(logdir))
             atexit.register(self._leave_to_wandb)  # after W&B's own exit hook, so it runs before it
@@ -52,7 +54,8 @@ class WandbBackend:
         """Log one row of ``wandb.Histogram`` per non-empty tag (its non-empty span drawn from its exact
         min to its exact max, :func:`as_bins`; at most 115 of W&B's 512 bins), with
         ``optimizer/step`` as the scalars' rows. W&B's histogram holds no sums."""
-        shown = {tag: wandb.Histogram(np_histogram=bins) for tag, bins in as_bins(hists).items()}
+        # cast: wandb.Histogram takes lists as well as the arrays its hint names
+        shown = {tag: wandb.Histogram(np_histogram=cast(Any, bins)) for tag, bins in as_bins(hists).items()}
         for family in self._families.new(shown):
             self._run.define_metric(f"{family}/*", step_metric=STEP_METRIC)
         self._run.log({**shown, STEP_METRIC: step})

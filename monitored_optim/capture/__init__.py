@@ -38,7 +38,7 @@ from ..updates import CLONE, View, elementwise, raw_step
 from .eager import Eager, chunks, record_grads
 from .fused import Fused, chunk_flat, dense_grad
 from .plan import (CLONE as CLONE_ROUTE, FUSED_COPY, FUSED_REBUILD, WHOLE, Entries, Entry, Plan, Planned, Roster,
-                   assign_slots, composition, fingerprint, names, route)
+                   Stepped, assign_slots, composition, fingerprint, names, route)
 from .rules import RiskMemory, shared, snapshot_reason
 from .spent import FLAT_LABEL, Spent, taken as taken_label
 from .store import PART_ELEMENTS, Part, Workspace, budget, parts
@@ -70,7 +70,7 @@ class Capture:
         :meth:`~monitored_optim.updates.View.bound`)."""
         self.view = self.eager.view = self.fused.view = view
 
-    def plan_of(self, optimizer: torch.optim.Optimizer, known: dict[int, str], fuse: bool,
+    def plan_of(self, optimizer: Stepped, known: dict[int, str], fuse: bool,
                 cloned: frozenset[int] = frozenset()) -> Plan:
         """This logging step's :class:`~monitored_optim.capture.plan.Plan`: the last one where its
         fingerprint and the selection (a ``MonitorConfig(params=...)`` callable is asked again at
@@ -93,7 +93,7 @@ class Capture:
         self.centring.forget(e.name for chunk in self.plan.chunks for e in chunk.members)  # exact for any spread
         return self.plan
 
-    def preview(self, optimizer: torch.optim.Optimizer, known: dict[int, str]) -> Plan:
+    def preview(self, optimizer: Stepped, known: dict[int, str]) -> Plan:
         """The plan of a plain logging step (no closure, no GradScaler's scale, one process), for
         ``describe()``; not kept."""
         named = names(optimizer, known)
@@ -101,7 +101,7 @@ class Capture:
         ways = tuple(self.fused.way(group) if fuse else None for group in optimizer.param_groups)
         return self.build(optimizer, [], named, self._mask(optimizer, named), ways)
 
-    def _mask(self, optimizer: torch.optim.Optimizer, named: list[list[str]]) -> list[bool] | None:
+    def _mask(self, optimizer: Stepped, named: list[list[str]]) -> list[bool] | None:
         """Per parameter, whether the selection chooses it; None where it chooses every parameter.
 
         A ``MonitorConfig(params=...)`` callable is asked again each time."""
@@ -110,7 +110,7 @@ class Capture:
             return None
         return [select(n, p) for group, own in zip(optimizer.param_groups, named) for n, p in zip(own, group["params"])]
 
-    def build(self, optimizer: torch.optim.Optimizer, key: list[Any], named: list[list[str]], mask: list[bool] | None,
+    def build(self, optimizer: Stepped, key: list[Any], named: list[list[str]], mask: list[bool] | None,
               ways: tuple[str | None, ...], cloned: frozenset[int] = frozenset()) -> Plan:
         """A new :class:`~monitored_optim.capture.plan.Plan` (see :meth:`plan_of`; ``ways``: each
         param group's fused way, :meth:`~monitored_optim.capture.fused.Fused.way`)."""
@@ -137,7 +137,7 @@ class Capture:
                     budget(sum(p.numel() * p.element_size() for p in params)), chunk_flat(flat))
 
     @torch.no_grad()
-    def before(self, optimizer: torch.optim.Optimizer, batch: stats.Batch, grad_scale: Tensor | None,
+    def before(self, optimizer: Stepped, batch: stats.Batch, grad_scale: Tensor | None,
                known: dict[int, str], split: bool = True, fuse: bool = False,
                cloned: frozenset[int] = frozenset(), groups: set[int] | None = None) -> Entries:
         """Before the base step: an entry per part of each monitored parameter, its p_before as its
@@ -154,8 +154,10 @@ class Capture:
         plan = self.plan_of(optimizer, known, fuse, cloned)
         routes = self.spent.record(batch).routes
         self.eager.shared = plan.shared
-        entries, leads, unflat, blocks, copies = [], [], [], [], []
+        entries, leads, unflat, copies = [], [], [], []
+        blocks: list[list[Entry] | Entry] = []  # runs of flat entries, and the first part of each other
         cut = split and elementwise(self.view)
+        assert batch.work is not None  # a logging step's batch has its workspace
         self.budget = batch.work.nbytes = plan.budget  # the batch's buffers: one chunk's temporaries
         for i, (group, way, items) in enumerate(plan.groups):
             if groups is not None and i not in groups:
@@ -202,7 +204,8 @@ class Capture:
         """After the base step: the stored change of every entry and its sums into ``batch``
         (``state``: the optimizer's state)."""
         for chunk in chunks([e for e in entries.unflat if not e.fused], self.budget):
-            self.eager.after(chunk, [e.part.refresh(state.get(e.part.whole, {})) for e in chunk], batch)
+            self.eager.after(chunk, [_part(e).refresh(state.get(_part(e).whole, {})) for e in chunk], batch)
+        assert self.plan is not None  # planned by before()
         self.fused.after([e for e in entries.unflat if e.fused], self.plan.chunks, entries.befores, state, batch)
 
     def finish(self, entries: Entries) -> None:
@@ -239,6 +242,7 @@ class Capture:
         (``shape``: see :meth:`~monitored_optim.capture.plan.Roster.of`)."""
         held, order = self._roster, composition(entries.unflat)
         if held is None or held.plan is not self.plan or held.composition != order:
+            assert self.plan is not None  # planned by before()
             held = self._roster = Roster.of(self.plan, order, entries.leads, shape)
         return held
 
@@ -307,3 +311,9 @@ def with_grads_of_closure(entries: list[Entry], batch: stats.Batch, args: tuple[
 
 
 __all__ = ["Capture", "Workspace", "closure_is_first", "closure_of", "with_grads_of_closure"]
+
+
+def _part(e: Entry) -> Part:
+    """The part that an entry not captured flat is made from."""
+    assert e.part is not None  # every eager entry is made from its part (Eager.entry)
+    return e.part

@@ -97,6 +97,7 @@ class Eager:
 
         The chunk is of one param group and device; each change is rebuilt by the view or taken
         from the snapshot. The chunk's temporaries die on return."""
+        assert batch.work is not None  # a logging step's batch has its workspace
         batch.work.reset()  # the last chunk's stored changes are reduced
         viewed = [i for i, e in enumerate(chunk) if not isinstance(e.snapshot, Cloned)]
         params, views = zip(*[widened(chunk[i].p, states[i]) for i in viewed]) if viewed else ((), ())
@@ -166,6 +167,7 @@ class Eager:
         if truth is not None and self.verify:  # shared storage changes by every sharer's update:
             checked = None if id(e.whole) in self.shared else meant  # not one view's to check
             self.add_piece(e.owner, "verify", verify_miss(u, truth, checked, p))
+        assert e.part is not None  # every eager entry is made from its part (entry())
         where = span if span is not None else e.part.flat_span()
         for fam in self.families:
             for key, value in fam.part(e.name, e.part.whole, u, where, {} if span is not None else state or {},

@@ -25,7 +25,7 @@ same function runs eagerly (a warning, once), which gives the same figures.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -239,7 +239,7 @@ class Fuser:
         self._compiled: dict[str, Callable[..., Tensor]] = {}
         self._failed = False
 
-    def __call__(self, fn: Callable[..., Tensor], *args: Any, device: torch.device) -> Any:
+    def __call__(self, fn: Callable[..., Any], *args: Any, device: torch.device) -> Any:
         """``fn(*args)``, compiled (dynamic shapes) where :func:`enabled` for ``device``, else or after
         a failure eagerly."""
         if enabled(self.mode, device) and not self._failed:
@@ -358,18 +358,21 @@ class Fused:
                 _bin(chunk, before, after, grad, present)
         for key, members in kinds.items():
             for i in range(0, len(members), CHUNK):
-                chunk = members[i:i + CHUNK]
-                after = [e.p for e in chunk]
+                part = members[i:i + CHUNK]
+                after = [e.p for e in part]
                 grads, present = _grads(after)
                 if key[-1]:
-                    rows, exact = self.fuser(snapshotted, [e.snapshot.before for e in chunk], after, grads,
+                    rows, exact = self.fuser(snapshotted, [e.snapshot.before for e in part], after, grads,
                                              device=key[1])
-                    for e, value in zip(chunk, exact.unbind()):
+                    for e, value in zip(part, exact.unbind()):
                         e.pieces["exact"] = value.reshape(1)
                 else:
-                    rows = self._rebuilt_rows(chunk[0].group, after, [state.get(p, {}) for p in after], grads,
-                                              [e.extremes for e in chunk])
-                _put(batch, chunk, rows, stats.KINDS if key[-1] else stats.KINDS[1:], present)
+                    bounds = []
+                    for e in part:
+                        assert e.extremes is not None  # taken by before() for each entry the view rebuilds
+                        bounds.append(e.extremes)
+                    rows = self._rebuilt_rows(part[0].group, after, [state.get(p, {}) for p in after], grads, bounds)
+                _put(batch, part, rows, stats.KINDS if key[-1] else stats.KINDS[1:], present)
 
     def _rebuilt_rows(self, group: dict[str, Any], after: list[Tensor], states: list[dict[str, Any]],
                       grads: list[Tensor], extremes: list[Tensor]) -> Tensor:
@@ -404,8 +407,8 @@ def _grads(params: list[Tensor]) -> tuple[list[Tensor], list[bool]]:
     that dropped it) is zeros, and its grad's rows are left out."""
     grads = [p.grad for p in params]
     present = [g is not None for g in grads]
-    if all(present) and all(g.layout is torch.strided for g in grads):
-        return grads, present
+    if all(g is not None and g.layout is torch.strided for g in grads):  # all present and dense
+        return cast(list[Tensor], grads), present
     return ([torch.zeros_like(p) if g is None else g if g.layout is torch.strided else g.to_dense()
              for p, g in zip(params, grads)], present)
 

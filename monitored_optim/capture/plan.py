@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -108,7 +108,7 @@ class Flat:
     lengths: Tensor
 
 
-def names(optimizer: torch.optim.Optimizer, known: dict[int, str] | None = None) -> list[list[str]]:
+def names(optimizer: Stepped, known: dict[int, str] | None = None) -> list[list[str]]:
     """Each group's ``param_names``, else each parameter's name in ``known`` (id -> name from a
     watched model), else ``param{k}`` numbered across groups.
 
@@ -193,7 +193,7 @@ _PLAIN = (Tensor, torch.nn.Parameter)
 """Tensor types with a storage of their own (a subclass such as ``DTensor`` may have none)."""
 
 
-def fingerprint(optimizer: torch.optim.Optimizer, extra: Any) -> list[Any]:
+def fingerprint(optimizer: Stepped, extra: Any) -> list[Any]:
     """What a :class:`Plan` of ``optimizer``'s parameters is derived from: per param group its
     identity and its ``param_names``, per parameter its identity, type, dtype, device, shape, layout
     and data address (which parameters share storage is the plan's: ``p.data = q.data`` changes
@@ -222,6 +222,17 @@ FLAT, FUSED_COPY, FUSED_REBUILD, SNAPSHOT, VIEW, CLONE = (
 
 WHOLE = "whole"
 """The form of a parameter the fused capture may take whole (where compiling is enabled)."""
+
+
+class Stepped(Protocol):
+    """What the capture reads of an optimizer: a ``torch.optim.Optimizer``, or under
+    ``torch.distributed`` its local view (``Sharding.local``)."""
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def state(self) -> Any: ...
 
 
 class Planned(NamedTuple):

@@ -34,7 +34,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Callable
-from types import SimpleNamespace
+from types import FrameType, SimpleNamespace
 from typing import Any
 
 import torch
@@ -57,7 +57,8 @@ def find(optimizer: torch.optim.Optimizer) -> tuple[Any, bool] | None:
     """
     if "deepspeed" not in sys.modules:
         return None
-    frame, wrapper = sys._getframe(1), None
+    frame: FrameType | None = sys._getframe(1)
+    wrapper = None
     while frame is not None:
         owner = frame.f_locals.get("self")
         if wrapper is None and type(owner).__name__ in WRAPPERS and type(owner).__module__.startswith("deepspeed.") \
@@ -115,6 +116,7 @@ class Layout:
         """The optimizer as its param groups are outside the wrapper's calls: all of them (stages 1-2
         leave only the group being stepped during a call)."""
         wrapper = self.wrapper()
+        assert wrapper is not None  # the wrapper holds the optimizer, which holds the monitor of this layout
         groups = _all_groups(wrapper) if type(wrapper).__name__ == "DeepSpeedZeroOptimizer" \
             else wrapper.optimizer.param_groups
         return SimpleNamespace(param_groups=groups, defaults=wrapper.optimizer.defaults)
@@ -123,7 +125,7 @@ class Layout:
         """The id of the flat tensor the wrapper steps last in each of its steps."""
         return id(self._flats(self.wrapper())[-1][1][-1].param)
 
-    def name(self, p: Tensor) -> str:
+    def name(self, p: Tensor | None) -> str:
         """The name of the model's parameter ``p`` (see the class docstring)."""
         born = self._born.get(id(p), "param")
         if born.startswith("param") and born[5:].isdigit() or born == "param":
@@ -192,7 +194,7 @@ def _all_groups(w: Any) -> list[dict[str, Any]]:
     """The optimizer's param groups, all of them: stages 1-2 leave only the group being stepped in
     ``param_groups`` during ``_optimizer_step``, which holds the whole list as ``original_param_groups``."""
     groups = w.optimizer.param_groups
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while len(groups) < len(w.single_partition_of_fp32_groups) and frame is not None:
         if frame.f_locals.get("self") is w and "original_param_groups" in frame.f_locals:
             groups = frame.f_locals["original_param_groups"]

@@ -183,22 +183,22 @@ def _table(entries: list[Any], held: list[Held], keys: Keys, ranks: Ranks, chang
     if wide:
         _put_wide(table, wide, wide_meta)
     if slotted:
-        row, column = torch.tensor(slots, dtype=torch.long).to(device).unbind(1)
-        table.index_put_((row, column), torch.cat(slotted).to(device))
+        slot_rows, slot_columns = torch.tensor(slots, dtype=torch.long).to(device).unbind(1)
+        table.index_put_((slot_rows, slot_columns), torch.cat(slotted).to(device))
     if not values:
         return table
     x = torch.stack([torch.nn.functional.pad(v.to(device=device, dtype=torch.float64), (0, 2 - v.numel()))
                      for v in values])
-    row, wn, w, nonempty, kind = torch.tensor(meta, dtype=torch.float64).to(device).unbind(1)
+    at_rows, wn, ws, nonempty, kind = torch.tensor(meta, dtype=torch.float64).to(device).unbind(1)
     a, b = x.unbind(1)
     zero = torch.zeros_like(wn)
     w_sum = torch.where(nonempty > 0, wn * a, zero)  # moments: a = mean, b = m2 (NaN mean if empty)
-    moments = torch.stack([wn, w_sum, torch.where(nonempty > 0, w * b + w_sum * a, zero)], 1)
-    count = torch.stack([w * a, zero, zero], 1)
-    norms = torch.stack([w * a.square(), w * b.square(), zero], 1)
+    moments = torch.stack([wn, w_sum, torch.where(nonempty > 0, ws * b + w_sum * a, zero)], 1)
+    count = torch.stack([ws * a, zero, zero], 1)
+    norms = torch.stack([ws * a.square(), ws * b.square(), zero], 1)
     k = kind.unsqueeze(1)
     sums = torch.where(k == CODE[MOMENTS], moments, torch.where(k == CODE[NORM], norms, count))
-    table.index_copy_(0, row.long(), torch.cat([sums, torch.ones_like(wn).unsqueeze(1)], 1))
+    table.index_copy_(0, at_rows.long(), torch.cat([sums, torch.ones_like(wn).unsqueeze(1)], 1))
     return table
 
 
@@ -221,7 +221,8 @@ def _width(keys: Keys, key: str, how: str, world: int) -> int:
 def _put_wide(table: Tensor, values: list[Tensor], meta: list[tuple[int, int, float]]) -> None:
     """Write wide SUM pieces into ``table``: each ``(first row, width, weight)`` of ``meta`` takes
     ``ceil(width / 3)`` rows of ``w·value`` three values a row, its present column 1."""
-    blocks, index = [], []
+    blocks: list[Tensor] = []
+    index: list[int] = []
     for value, (row, width, w) in zip(values, meta):
         n = -(-width // 3)
         padded = torch.nn.functional.pad(value.to(device=table.device, dtype=torch.float64), (0, 3 * n - value.numel()))
@@ -281,5 +282,6 @@ def _default_device() -> torch.device:
     backend = str(dist.get_backend()).lower()
     if "gloo" not in backend and "mpi" not in backend and torch.accelerator.is_available():
         acc = torch.accelerator.current_accelerator()
+        assert acc is not None  # is_available()
         return torch.device(acc.type, torch.accelerator.current_device_index())
     return torch.device("cpu")

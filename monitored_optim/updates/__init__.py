@@ -83,14 +83,14 @@ def rebuild(view: View, group: dict[str, Any], params: list[Tensor], states: lis
     return view.update_many(group, params, states, snapshots)
 
 
-def raw_step(cls: type) -> Callable[..., Any]:
+def raw_step(cls: type[torch.optim.Optimizer]) -> Callable[..., Any]:
     """``cls.step`` without torch's hook wrappers (``Optimizer.profile_hook_step``, marked ``hooked``).
 
     torch wraps ``type(opt).step`` the first time an instance is built; the wrapper runs the
     optimizer step hooks. Unwrapping gives the function that does the arithmetic, which is what a
     view is written for and what a monitored step calls so that hooks run exactly once.
     """
-    fn = cls.step
+    fn: Any = cls.step
     while getattr(fn, "hooked", False):
         fn = fn.__wrapped__
     return fn

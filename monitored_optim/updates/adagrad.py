@@ -94,11 +94,15 @@ def _well_conditioned(group: dict[str, Any], p: Tensor, state: dict[str, Any]) -
     D after the step is computed now from p_b, the grad and S, with torch's own operations; the
     maximum is read on the host, so parameters off the CPU (and sparse grads) answer False.
     """
-    if p.device.type != "cpu" or p.grad.is_sparse or "sum" not in state:
+    if p.device.type != "cpu":
+        return False
+    grad = p.grad
+    assert grad is not None  # asked only of a parameter with a grad
+    if grad.is_sparse or "sum" not in state:
         return False
     wd, step = group["weight_decay"], state["step"] + 1
     clr = _clr(group, step)
-    g = real(-p.grad if group["maximize"] else p.grad)
+    g = real(-grad if group["maximize"] else grad)
     g = g.add(real(p.detach()), alpha=wd)
     denom = _denom(real(state["sum"]).addcmul(g, g), group["eps"])
     return max_kappa(denom, clr * wd) <= KAPPA_MAX

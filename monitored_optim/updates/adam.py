@@ -29,7 +29,7 @@ exactly as in torch. Source: Kingma & Ba (2015), Loshchilov & Hutter (2019), ``t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -119,11 +119,11 @@ class AdamView(View):
         if not all(isinstance(t, Tensor) for t in steps) or len({t.device for t in steps}) > 1:
             return None
         device = params[0].device
-        eps_b, c = _coefficients(group, states, device)
-        if isinstance(c, Tensor):  # tensor coefficients (steps on the device)
-            eps_b = torch.stack(eps_b)
+        eps_bs, cs = _coefficients(group, states, device)
+        if isinstance(cs, Tensor):  # tensor coefficients (steps on the device)
+            eps_b, c = torch.stack(cast(list[Tensor], eps_bs)), cs
         else:  # Python floats: one small copy each
-            eps_b, c = (torch.tensor(x, dtype=torch.float64, device=device) for x in (eps_b, c))
+            eps_b, c = (torch.tensor(x, dtype=torch.float64, device=device) for x in (eps_bs, cs))
         v = "max_exp_avg_sq" if group["amsgrad"] else "exp_avg_sq"
         lr, wd = group["lr"], group["weight_decay"]
         s = torch.tensor(1 - lr * wd, dtype=torch.float64, device=device) \
@@ -137,7 +137,8 @@ class AdamView(View):
         torch._foreach_add_(r, eps_b)
         torch._foreach_reciprocal_(r)
         torch._foreach_mul_(r, [s["exp_avg"] for s in states])
-        d = [Scaled(t, f) for t, f in zip(r, c.unbind() if isinstance(c, Tensor) else c)]
+        factors: Sequence[float | Tensor] = c.unbind() if isinstance(c, Tensor) else c
+        d = [Scaled(t, f) for t, f in zip(r, factors)]
         lr, wd = group["lr"], group["weight_decay"]
         return [Stores((x,), 1 - lr * wd) for x in d] if wd != 0 and group["decoupled_weight_decay"] else d
 

@@ -61,6 +61,7 @@ class LionView(View):
         return m_b.lerp(g, 1 - beta1), m_b.lerp(g, 1 - beta2)
 
     def grads_before(self, group: dict[str, Any], p: Tensor) -> list[Tensor]:
+        assert p.grad is not None  # asked only of a parameter with a grad (before() checks it)
         return [p.grad]
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
@@ -85,6 +86,7 @@ class LionView(View):
         beta1, beta2 = group["betas"]
         for g in self.grads_before(group, p):
             for m_b, g_k in blocks(real(state["exp_avg"]) if "exp_avg" in state else None, real(g)):
+                assert g_k is not None  # a block of g, which is a tensor
                 m_b = torch.zeros_like(g_k) if m_b is None else m_b
                 c, m = self.moments(m_b, g_k, beta1, beta2)
                 if not torch.equal(c.sign(), _rebuilt_sign(m, g_k, beta1, beta2).to(c.dtype)):
@@ -121,7 +123,9 @@ class OptimizerLionView(LionView):
 
     def grads_before(self, group: dict[str, Any], p: Tensor) -> list[Tensor]:
         coupled = group["weight_decay"] > 0 and not group["weight_decouple"]
-        return [g.add(p.detach(), alpha=group["weight_decay"]) if coupled else g for g in (p.grad, -p.grad)]
+        grad = p.grad
+        assert grad is not None  # asked only of a parameter with a grad (before() checks it)
+        return [g.add(p.detach(), alpha=group["weight_decay"]) if coupled else g for g in (grad, -grad)]
 
     def keeps_grad(self, group: dict[str, Any]) -> bool:
         """False under coupled weight decay, which the step adds into ``p.grad``."""

@@ -30,7 +30,7 @@ from .view import View
 try:  # torch's own Newton–Schulz and lr adjustment (torch >= 2.9 ships Muon)
     from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 except ImportError:  # pragma: no cover - older torch: no Muon class, so the view is never registered
-    _adjust_lr = _zeropower_via_newtonschulz = None
+    _adjust_lr = _zeropower_via_newtonschulz = None  # type: ignore[assignment]
 
 
 class MuonView(View):

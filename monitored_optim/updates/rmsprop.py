@@ -83,7 +83,9 @@ def _well_conditioned(group: dict[str, Any], p: Tensor, state: dict[str, Any]) -
     if p.device.type != "cpu":
         return False
     alpha, wd = group["alpha"], group["weight_decay"]
-    g = real(-p.grad if group["maximize"] else p.grad).add(real(p.detach()), alpha=wd)
+    grad = p.grad
+    assert grad is not None  # asked only of a parameter with a grad
+    g = real(-grad if group["maximize"] else grad).add(real(p.detach()), alpha=wd)
     v = _old(state, "square_avg", g).mul(alpha).addcmul_(g, g, value=1 - alpha)
     m = _old(state, "grad_avg", g).lerp(g, 1 - alpha) if group["centered"] else None
     return max_kappa(_denom(group, v, m), float(group["lr"]) * wd) <= KAPPA_MAX

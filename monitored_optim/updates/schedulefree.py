@@ -99,6 +99,7 @@ class ScheduleFreeView(View):
         alpha = lr * (self.beta(group) * (1 - w) - 1)
         sums = p.new_zeros(4, dtype=torch.float64)  # (c, Σ(u - c), Σ(u - c)², ‖miss‖²)
         for i, (y, z, g, v) in enumerate(blocks(p.detach(), state.get("z"), p.grad, state.get("exp_avg_sq"))):
+            assert y is not None and g is not None  # blocks of p and of its grad (before() checked it)
             m, z = y.numel(), y if z is None else z
             if i == 0:  # buffers of the first (largest) block, reused block after block: no heap churn
                 y_a, z_a, narrow = (y.new_empty(m) for _ in range(3))
@@ -131,9 +132,11 @@ class ScheduleFreeView(View):
         alpha = lr * (self.beta(group) * (1 - w) - 1)
         u = torch.empty(p.shape, dtype=p.dtype, device=p.device)
         for i, (y, z, g, out) in enumerate(blocks(p.detach(), state["z"], p.grad, u)):
+            assert y is not None and z is not None and g is not None and out is not None  # none of the four is None
             if i == 0:  # float64 temporaries of a block, not of the part, reused block after block
                 wide = _wide(y.numel())
-            _rebuilt(y, z, g, w, lr, alpha, snapshot == FRESH, out, tuple(b[:y.numel()] for b in wide))
+            _rebuilt(y, z, g, w, lr, alpha, snapshot == FRESH, out,
+                     (wide[0][:y.numel()], wide[1][:y.numel()]))
         return u
 
 
