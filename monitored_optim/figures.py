@@ -140,8 +140,8 @@ def _health_checks(names: list[str], table: host.MomentTable, held: list[bool] |
         nonfinite = {names[i]: tuple(label for label, hit in zip(("value", "grad", "update"), row) if hit)
                      for i, row in zip(rows.nonzero().flatten().tolist(), bad[rows].tolist())}
     coarse = table.coarse
-    withheld = (coarse[:, 2] | coarse[:, 0]).sum() + (has_grad & (coarse[:, 1] | coarse[:, 0])).sum()
-    return Checks(names, has_grad.tolist(), unchanged.tolist(), nonfinite, int(withheld.tolist()))
+    withheld = torch.stack([coarse[:, 2] | coarse[:, 0], has_grad & (coarse[:, 1] | coarse[:, 0])])
+    return Checks(names, has_grad.tolist(), unchanged.tolist(), nonfinite, sum(withheld.flatten().tolist()))
 
 
 def tensor_lrs(optimizer: torch.optim.Optimizer) -> dict[int, Tensor]:
