@@ -129,7 +129,7 @@ class Monitor(ReadBack):
         self.capture.use(self.view)
         watched = self.config.model if self.config is not None else None
         for m in (m for m in (watched, model) if m is not None):
-            self._model_names.update((id(p), n) for n, p in m.named_parameters() if id(p) not in self._model_names)
+            self._name_after(m)
         tell = not self._warned_unnamed and wrapper is None  # DeepSpeed's flat buffers are named by its layout
         every, chosen, unnamed = born(optimizer, self._model_names, self.settings.select, tell)
         self._warned_unnamed |= unnamed
@@ -158,10 +158,15 @@ class Monitor(ReadBack):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"watch() expects a torch.nn.Module, got {type(model).__name__}")
         self._watched.append(weakref.ref(model))
-        for name, p in model.named_parameters():
-            self._model_names.setdefault(id(p), name)
+        self._name_after(model)
         optimizer = self._optimizer()
         return self.health.check_watched(model, self._held_params(optimizer)) if optimizer is not None else []
+
+    def _name_after(self, model: torch.nn.Module) -> None:
+        """Name the parameters ``model`` holds as ``model.named_parameters()`` does (a name known
+        before stays)."""
+        for name, p in model.named_parameters():
+            self._model_names.setdefault(id(p), name)
 
     def run(self, optimizer: torch.optim.Optimizer, step_fn: Callable[..., Any],
             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -204,6 +204,18 @@ def test_deepspeed_zero_figures_equal_the_gathered_truth(stage, tmp_path):
         assert shapes == {name: list(p.shape) for name, p in model().named_parameters()}, case  # not a fragment's
 
 
+def hf_args(output_dir: str, stage: int, config: dict | None = None, **kwargs):
+    """TrainingArguments of a short HF run with ``deepspeed=`` at ZeRO ``stage`` (``config`` added to
+    its DeepSpeed config), seeded, logging nowhere."""
+    import transformers
+
+    ds = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+          "gradient_clipping": "auto", "zero_optimization": {"stage": stage}, **(config or {})}
+    return transformers.TrainingArguments(
+        output_dir=output_dir, max_steps=STEPS, per_device_train_batch_size=2, deepspeed=ds, save_strategy="no",
+        report_to=[], seed=0, data_seed=0, dataloader_num_workers=0, disable_tqdm=True, **kwargs)
+
+
 def _hf(rank, world, outdir, stage):
     """The HF Trainer with ``deepspeed=``, the monitored class given as ``optimizer_cls_and_kwargs``,
     beside the same run with the plain class."""
@@ -218,12 +230,7 @@ def _hf(rank, world, outdir, stage):
     out = {}
     for monitored in (True, False):
         model = tiny_gpt2()
-        config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-                  "gradient_clipping": "auto", "zero_optimization": {"stage": stage}}
-        args = transformers.TrainingArguments(
-            output_dir=os.path.join(outdir, f"hf{monitored}"), max_steps=STEPS, per_device_train_batch_size=2,
-            deepspeed=config, save_strategy="no", report_to=[], seed=0, data_seed=0, dataloader_num_workers=0,
-            disable_tqdm=True)
+        args = hf_args(os.path.join(outdir, f"hf{monitored}"), stage)
         kwargs = {"lr": 1e-3}
         if monitored:
             kwargs["monitor"] = MonitorConfig(backend="jsonl", every=EVERY, logdir=os.path.join(outdir, "logs"),
@@ -369,7 +376,7 @@ def test_attach_to_an_engine_monitors_the_optimizer_deepspeed_built(stage, tmp_p
         assert [json.loads(line)["step"] for line in lines] == list(range(1, STEPS + 1))
 
 
-def _hf_callback(rank, world, outdir, stage, section):
+def _hf_callback(rank, world, outdir, stage, built_by_deepspeed):
     """The HF Trainer with ``deepspeed=`` (a config with an ``"optimizer"`` section or none) and
     ``callbacks=[MonitorCallback()]``, beside the same run without the callback; the gathered truth
     of each step taken around the step of DeepSpeed's wrapper."""
@@ -400,15 +407,10 @@ def _hf_callback(rank, world, outdir, stage, section):
     out = {}
     for monitored in (True, False):
         model = tiny_gpt2()
-        config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-                  "gradient_clipping": "auto", "zero_optimization": {"stage": stage}}
-        if section:
-            config["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}}
-            config["zero_allow_untested_optimizer"] = True
-        args = transformers.TrainingArguments(
-            output_dir=os.path.join(outdir, f"hf{monitored}"), max_steps=STEPS, per_device_train_batch_size=2,
-            deepspeed=config, save_strategy="no", report_to=[], seed=0, data_seed=0, dataloader_num_workers=0,
-            disable_tqdm=True, learning_rate=1e-3, weight_decay=0.1, max_grad_norm=0.0)  # the truth's grads: unclipped
+        section = {"optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
+                   "zero_allow_untested_optimizer": True} if built_by_deepspeed else {}
+        args = hf_args(os.path.join(outdir, f"hf{monitored}"), stage, section, learning_rate=1e-3, weight_decay=0.1,
+                       max_grad_norm=0.0)  # the truth's grads: unclipped
         monitor = MonitorConfig(backend="jsonl", every=EVERY, logdir=os.path.join(outdir, "logs"))
         measure = Truth()
         measure.rows = []
@@ -429,9 +431,10 @@ def _hf_callback(rank, world, outdir, stage, section):
     return out
 
 
-@pytest.mark.parametrize("stage,section", [(2, True), (3, True), (3, False)])
-def test_hf_trainer_deepspeed_callback_monitors_the_optimizer_it_steps(stage, section, tmp_path):
-    results = launch(lambda r, w, o: _hf_callback(r, w, o, stage, section), 2, tmp_path, deadline=DEADLINE)
+@pytest.mark.parametrize("stage,built_by_deepspeed", [(2, True), (3, True), (3, False)])
+def test_hf_trainer_deepspeed_callback_monitors_the_optimizer_it_steps(stage, built_by_deepspeed, tmp_path):
+    results = launch(lambda r, w, o: _hf_callback(r, w, o, stage, built_by_deepspeed), 2, tmp_path,
+                     deadline=DEADLINE)
     got, plain = results[0][True], results[0][False]
     assert got["class"] == plain["class"]
     for name, value in plain["final"].items():
