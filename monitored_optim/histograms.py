@@ -25,7 +25,7 @@ the bins say how the elements spread, these where they end and their total.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -149,25 +149,38 @@ def pieces(series: str, x: Tensor, scale: Tensor | None = None, work: Any = None
 def extent(flat: Tensor, work: Any = None) -> tuple[Tensor, Tensor, Tensor]:
     """The min, max and ``(Σx, Σx²)`` of the finite elements of a 1-D tensor, float64 on its device.
 
-    Taken in float64 one slice of :data:`~monitored_optim.stats.SLICE` elements at a time (a part
-    of a parameter is one slice), so the temporaries stay 2 MiB whatever the tensor's size.
+    The sums are taken in float64 one slice of :data:`~monitored_optim.stats.SLICE` elements at a
+    time (a part of a parameter is one slice), so the temporaries stay 2 MiB whatever the tensor's
+    size. On the CPU, where a value is read without a device sync, a tensor whose min and max are
+    finite (so is every element: NaN propagates to both) skips the masking of non-finite elements.
 
     Returns:
         ``(min, max, sums)`` of shapes ``(1,)``, ``(1,)``, ``(2,)``; min is +inf and max -inf where
         no element is finite (the identities of their reductions: no value), the sums then 0.
     """
+    if flat.numel() and flat.device.type == "cpu":
+        low, high = torch.aminmax(flat)
+        if bool((high - low).isfinite()):
+            parts = [torch.stack([x.sum(), torch.dot(x, x)]) for x in _wide_slices(flat, work)]
+            sums = parts[0] if len(parts) == 1 else torch.stack(parts).sum(0)
+            return low.double().reshape(1), high.double().reshape(1), sums
     inf = torch.full((1,), math.inf, dtype=torch.float64, device=flat.device)
     low, high, sums = inf, -inf, torch.zeros(2, dtype=torch.float64, device=flat.device)
-    for piece in flat.split(SLICE):
-        if not piece.numel():
-            continue
-        x = piece.double() if work is None else work.named("kept", piece, torch.float64).copy_(piece)
+    for x in _wide_slices(flat, work):
         bad = torch.isfinite(x).logical_not_()
         x.masked_fill_(bad, 0.0)
         sums = sums + torch.stack([x.sum(), torch.dot(x, x)])
         low = torch.minimum(low, x.masked_fill_(bad, math.inf).amin())  # the sums are taken: x is free
         high = torch.maximum(high, x.masked_fill_(bad, -math.inf).amax())
     return low, high, sums
+
+
+def _wide_slices(flat: Tensor, work: Any) -> Iterator[Tensor]:
+    """``flat``'s non-empty slices of :data:`~monitored_optim.stats.SLICE` elements in float64, each a
+    new tensor or ``work``'s ``kept`` buffer (valid until the next slice)."""
+    for piece in flat.split(SLICE):
+        if piece.numel():
+            yield piece.double() if work is None else work.named("kept", piece, torch.float64).copy_(piece)
 
 
 def _flat(x: Tensor, scale: Tensor | None) -> Tensor:
@@ -288,7 +301,7 @@ def of(names: list[str], pieces: list[dict[str, list[float]]]) -> dict[str, Hist
                 continue
             low, high, sums = (got.get(key) for key in extent_keys(series))
             total, squares = sums if sums is not None else (0.0, 0.0)
-            out[f"{series}/{name}"] = Histogram([round(c) for c in got[series]], _finite(low), _finite(high),
+            out[f"{series}/{name}"] = Histogram(map(round, got[series]), _finite(low), _finite(high),
                                                 total, squares)
     return out
 

@@ -357,3 +357,24 @@ def test_a_non_finite_element_leaves_the_other_elements_binned(bad, opt_cls, cop
     assert_exact(opt.monitor.histograms["grad_hist/w"], truth(w.grad))
     assert sum(opt.monitor.histograms["update_hist/w"]) == w.numel() - copies
     assert opt.monitor.latest["health/nonfinite"] == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_the_extent_is_that_of_the_finite_elements(dtype):
+    """min, max, Σx and Σx² of the finite elements, with and without non-finite ones among them (the
+    CPU's unmasked path and the masked one), where max - min overflows, and with none finite; over
+    more than one slice."""
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(H.SLICE + 1000, generator=g, dtype=torch.float64) * 1e-3
+    big = torch.finfo(dtype).max
+    cases = [base, torch.cat([base, torch.tensor([math.nan, math.inf, -math.inf])]),
+             torch.tensor([big, -big, 1.0]), torch.tensor([math.nan, math.inf])]
+    for x in cases:
+        x = x.to(dtype)
+        low, high, sums = H.extent(x)
+        kept = x.double()[torch.isfinite(x)].numpy()
+        if kept.size:
+            assert (low.item(), high.item()) == (kept.min(), kept.max())
+        else:
+            assert (low.item(), high.item()) == (math.inf, -math.inf)
+        assert sums.tolist() == pytest.approx([kept.sum(), (kept * kept).sum()], rel=1e-12, abs=1e-300)
