@@ -239,7 +239,7 @@ def keys(flat: Tensor, work: Any = None) -> Tensor:
 
     Args:
         flat: 1-D tensor of a dtype of :data:`BITS`.
-        work: a :class:`~monitored_optim.capture.store.Workspace` whose named buffers hold the
+        work: a :class:`~monitored_optim.workspace.Workspace` whose named buffers hold the
             temporaries (valid until its next request of the same name); None: new tensors.
 
     Returns:

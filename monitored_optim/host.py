@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -208,3 +209,40 @@ def gather(entries: Entries, roster: Roster, rows: Moments, lr_values: dict[int,
     read = Moments({}, {}, 0, torch.zeros(0)).host(empty, list(lr_values.values()))[2]
     return Hosted(table(leads, roster.captured, reduced.counts, reduced.pairs, reduced.present), reduced.pieces), \
         read, reduced
+
+
+class CentringMemory:
+    """Which moments of each parameter take the centred pass at its next eager capture.
+
+    A parameter not measured before takes it for every kind of :data:`~monitored_optim.stats.KINDS`.
+    After a logging step, :meth:`update` keeps :attr:`MomentTable.needs_centring` of the parameters the eager capture
+    may take next time (a grad's flag stays where the step had no grad); a parameter captured flat is
+    exact for any spread and keeps none (:meth:`forget`).
+    """
+
+    FIRST = (True, True, True)
+    """The flags, per kind of :data:`~monitored_optim.stats.KINDS`, of a parameter not measured before."""
+
+    def __init__(self) -> None:
+        self._flags: dict[str, Sequence[bool]] = {}
+
+    def flags(self, names: Iterable[str], kind: str) -> list[bool]:
+        """Per name, whether its ``kind`` moments take the centred pass."""
+        k = KINDS.index(kind)
+        return [self._flags.get(name, self.FIRST)[k] for name in names]
+
+    def forget(self, names: Iterable[str]) -> None:
+        """Drop the flags of ``names`` (captured flat: should one leave that capture, it starts centred)."""
+        for name in names:
+            self._flags.pop(name, None)
+
+    def update(self, names: list[str], rows: list[int], table: MomentTable) -> None:
+        """Keep the flags of the parameters at ``rows`` of ``table`` that had elements."""
+        if not rows:
+            return
+        index = torch.tensor(rows, dtype=torch.long)
+        flags, grads, sizes = (table.needs_centring[index].tolist(), table.has[index, 1].tolist(),
+                               table.n[index, 0].tolist())
+        held = self._flags
+        held.update({names[i]: flag if grad else [flag[0], held.get(names[i], self.FIRST)[1], flag[2]]
+                     for i, flag, grad, size in zip(rows, flags, grads, sizes) if size})

@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 
 from . import amp, backends, distributed, engine, families, histograms, host, pieces, stats, usage
-from .capture import Capture, Workspace, closure_is_first, closure_of, with_grads_of_closure
+from .workspace import Workspace
+from .capture import Capture, closure_is_first, closure_of, with_grads_of_closure
 from .capture.plan import Entries, born, tell_unmapped
 from .capture.spent import stage
 from .config import MonitorConfig, Settings, resolve

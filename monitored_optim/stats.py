@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
@@ -23,8 +23,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from .capture import Workspace
-    from .host import MomentTable
+    from .workspace import Workspace
 
 
 def moments(x: Tensor, scratch: bool = False) -> Tensor:
@@ -58,7 +57,7 @@ def _centred(x: Tensor, scratch: bool = False, work: Workspace | None = None) ->
     shifted-data formulas, Chan, Golub & LeVeque 1983). Uncentred sums ``(sum(x), ||x||)`` lose
     about 1e-7 * mean^2 / var of the variance in float32: :class:`Batch` takes them where
     ``mean^2 / var <= CENTRE_ABOVE``. ``work``: where the centred copy of a tensor of at most
-    :data:`SLICE` elements goes (:meth:`~monitored_optim.capture.store.Workspace.one`), else a new tensor.
+    :data:`SLICE` elements goes (:meth:`~monitored_optim.workspace.Workspace.one`), else a new tensor.
 
     Returns:
         Tensor of shape ``(3,)`` in ``x``'s real dtype (float32 for bf16/fp16), on its device.
@@ -433,40 +432,3 @@ def _dense_real(x: Tensor) -> Tensor:
 KINDS = ("p", "grad", "u")
 """The kinds of a logging step's :class:`~monitored_optim.host.MomentTable`, in its columns: p_before,
 its grad, its update."""
-
-
-class CentringMemory:
-    """Which moments of each parameter take the centred pass at its next eager capture.
-
-    A parameter not measured before takes it for every kind of :data:`KINDS`. After a logging step,
-    :meth:`update` keeps :attr:`~monitored_optim.host.MomentTable.needs_centring` of the parameters the eager capture
-    may take next time (a grad's flag stays where the step had no grad); a parameter captured flat is
-    exact for any spread and keeps none (:meth:`forget`).
-    """
-
-    FIRST = (True, True, True)
-    """The flags, per kind of :data:`KINDS`, of a parameter not measured before."""
-
-    def __init__(self) -> None:
-        self._flags: dict[str, Sequence[bool]] = {}
-
-    def flags(self, names: Iterable[str], kind: str) -> list[bool]:
-        """Per name, whether its ``kind`` moments take the centred pass."""
-        k = KINDS.index(kind)
-        return [self._flags.get(name, self.FIRST)[k] for name in names]
-
-    def forget(self, names: Iterable[str]) -> None:
-        """Drop the flags of ``names`` (captured flat: should one leave that capture, it starts centred)."""
-        for name in names:
-            self._flags.pop(name, None)
-
-    def update(self, names: list[str], rows: list[int], table: MomentTable) -> None:
-        """Keep the flags of the parameters at ``rows`` of ``table`` that had elements."""
-        if not rows:
-            return
-        index = torch.tensor(rows, dtype=torch.long)
-        flags, grads, sizes = (table.needs_centring[index].tolist(), table.has[index, 1].tolist(),
-                               table.n[index, 0].tolist())
-        held = self._flags
-        held.update({names[i]: flag if grad else [flag[0], held.get(names[i], self.FIRST)[1], flag[2]]
-                     for i, flag, grad, size in zip(rows, flags, grads, sizes) if size})

@@ -64,10 +64,10 @@ def test_extra_peak_memory_of_a_logging_step(cls, kwargs, bound):
 
 
 def test_workspace_reuses_its_buffers_and_never_hands_out_live_memory():
-    """``capture.Workspace``: ``one`` gives the same memory each time, ``next`` gives disjoint slices
+    """``workspace.Workspace``: ``one`` gives the same memory each time, ``next`` gives disjoint slices
     of its own buffer until ``reset``, a request larger than what is left gets a tensor of its own,
     and the results of an op written there equal the op's own."""
-    from monitored_optim.capture import Workspace
+    from monitored_optim.workspace import Workspace
 
     work = Workspace(nbytes=64 * 4)
     x = torch.randn(8, 4)

@@ -41,7 +41,7 @@ from .plan import (CLONE as CLONE_ROUTE, FUSED_COPY, FUSED_REBUILD, WHOLE, Entri
                    Stepped, assign_slots, composition, fingerprint, names, route)
 from .rules import RiskMemory, shared, snapshot_reason
 from .spent import FLAT_LABEL, Spent, taken as taken_label
-from .store import PART_ELEMENTS, Part, Workspace, budget, parts
+from .store import PART_ELEMENTS, Part, budget, parts
 
 
 class Capture:
@@ -57,7 +57,7 @@ class Capture:
     def __init__(self, view: View, settings: Settings, families: list[Any], reductions: dict[str, str]) -> None:
         self.view, self.settings = view, settings
         self.risk = RiskMemory()
-        self.centring = stats.CentringMemory()
+        self.centring = host.CentringMemory()
         self.eager = Eager(view, settings.verify, families, reductions, self.centring)
         self.fused = Fused(view, settings.compile, self.eager.binned)
         self.budget = PART_ELEMENTS * 4
@@ -310,7 +310,7 @@ def with_grads_of_closure(entries: list[Entry], batch: stats.Batch, args: tuple[
     return (wrapped, *args[1:]), kwargs
 
 
-__all__ = ["Capture", "Workspace", "closure_is_first", "closure_of", "with_grads_of_closure"]
+__all__ = ["Capture", "closure_is_first", "closure_of", "with_grads_of_closure"]
 
 
 def _part(e: Entry) -> Part:

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from .store import Workspace
+    from ..workspace import Workspace
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -258,7 +258,7 @@ def at_powers_of_two_bound(p: Tensor, extremes: Tensor | None, work: Workspace |
     Args:
         p: a float32/float64 part before the step (any shape).
         extremes: its :func:`~monitored_optim.capture.store.bounds`, shape (2,).
-        work: whose :meth:`~monitored_optim.capture.store.Workspace.one` buffer holds the temporary
+        work: whose :meth:`~monitored_optim.workspace.Workspace.one` buffer holds the temporary
             (reused, so that the heap does not fragment), or None (a temporary of its own).
     """
     too_large = work is not None and p.numel() * p.element_size() > work.nbytes

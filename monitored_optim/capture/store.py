@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..updates import Scaled, Stores
 from ..updates._shared import PART_ELEMENTS
+from ..workspace import Workspace, room
 from .rules import LOW_PRECISION, eps
 
 @dataclass(slots=True)
@@ -120,62 +121,9 @@ def widened(p: Tensor, state: dict[str, Any]) -> tuple[Tensor, dict[str, Any]]:
     return wide, {k: (v.float() if isinstance(v, Tensor) and v.dtype in LOW_PRECISION else v) for k, v in state.items()}
 
 
-class Workspace:
-    """The buffers of a logging step's part-sized temporaries, reused from part to part.
-
-    A temporary of about 1 MiB that is freed and asked for again between small allocations that
-    outlive it (each part's views, its rows of sums) is served by glibc from its heap once the
-    first one freed has raised the dynamic mmap threshold, and the small allocations split its
-    hole, so that the next temporary does not fit there and the heap grows. Two buffers per dtype and device, of
-    ``nbytes`` each (the chunk budget, :func:`budget`), made at first use and freed with the logging step, serve them:
-    :meth:`one` (a temporary dead before the next is asked for) and :meth:`next` (the stored
-    changes of a chunk, alive together until :meth:`reset`). A request that does not fit gets a
-    tensor of its own.
-    """
-
-    def __init__(self, nbytes: int = PART_ELEMENTS * 4) -> None:
-        self.nbytes = nbytes
-        self._buffers: dict[tuple[str, torch.dtype, torch.device], Tensor] = {}
-        self._used = 0
-
-    def one(self, like: Tensor) -> Tensor:
-        """A contiguous tensor of ``like``'s shape, dtype and device, valid until the next :meth:`one`."""
-        return self._take("one", like, 0)
-
-    def next(self, like: Tensor) -> Tensor:
-        """A contiguous tensor of ``like``'s shape, dtype and device, valid until :meth:`reset`."""
-        out = self._take("next", like, self._used)
-        self._used += like.numel() if out._base is not None else 0  # a slice of the buffer
-        return out
-
-    def reset(self) -> None:
-        """Hand :meth:`next`'s buffer out again from its start."""
-        self._used = 0
-
-    def named(self, name: str, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
-        """A contiguous tensor of ``like``'s shape and device (in ``dtype``, default ``like``'s), valid until
-        the next :meth:`named` of the same ``name`` and dtype (a pass's own temporaries: the histograms')."""
-        return self._take(name, like, 0, dtype or like.dtype)
-
-    def _take(self, kind: str, like: Tensor, start: int, dtype: torch.dtype | None = None) -> Tensor:
-        dtype = dtype or like.dtype
-        key, n = (kind, dtype, like.device), like.numel()
-        buf = self._buffers.get(key)
-        if buf is None:
-            size = dtype.itemsize
-            buf = self._buffers[key] = torch.empty(max(n, self.nbytes // size), dtype=dtype, device=like.device)
-        if start + n > buf.numel():
-            return torch.empty(like.shape, dtype=dtype, device=like.device)
-        return buf[start:start + n].view(like.shape)
-
-
-def _room(like: Tensor, work: Workspace | None) -> Tensor:
-    """A new tensor like ``like`` (contiguous), or ``work``'s :meth:`~Workspace.next`."""
-    return torch.empty_like(like, memory_format=torch.contiguous_format) if work is None else work.next(like)
-
-
 def _dense_into(d: Scaled, work: Workspace | None) -> Tensor:
-    """``d.dense()``, into ``work``'s :meth:`~Workspace.one` where its result has the tensor's dtype."""
+    """``d.dense()``, into ``work``'s :meth:`~monitored_optim.workspace.Workspace.one` where its result
+    has the tensor's dtype."""
     t = d.tensor
     if work is None or t.is_sparse or torch.result_type(t, d.factor) != t.dtype:
         return d.dense()
@@ -186,11 +134,10 @@ def stores(intended: Tensor | Scaled | Stores, work: Workspace | None = None, fa
            ) -> tuple[list[tuple[Tensor, float]], float | Tensor]:
     """``(adds, s)`` of an update view's result: p_after = fl(...fl(fl(s·p_before) + d_1)... + d_k),
     each d as a pair ``(t, a)``, d = a·t: a dense tensor and 1 (new, the view's own, or, given
-    ``work``, a :class:`Workspace` buffer for the first :class:`~monitored_optim.updates.clone.Scaled` one formed), or,
-    for a
-    :class:`~monitored_optim.updates.clone.Scaled` of a Python factor whose dense tensor has dtype ``factored``, its
-    tensor and
-    factor, not formed (for ``torch.sub(p, t, alpha=a)``)."""
+    ``work``, a :class:`~monitored_optim.workspace.Workspace` buffer for the first
+    :class:`~monitored_optim.updates.clone.Scaled` one formed), or, for a
+    :class:`~monitored_optim.updates.clone.Scaled` of a Python factor whose dense tensor has dtype
+    ``factored``, its tensor and factor, not formed (for ``torch.sub(p, t, alpha=a)``)."""
     if not isinstance(intended, Stores):
         intended = Stores((intended,))
     adds, used = [], False
@@ -231,8 +178,8 @@ def stored_change(p: Tensor, intended: Tensor | Scaled | Stores | None, before: 
             fallback passes None with ``before``).
         before: the exact snapshot of p_before, or None to invert the rounding (float32/float64).
         extremes: :func:`bounds` of p_before, for the inversion.
-        work: where the inversion's temporaries go (:class:`Workspace`; u then lives until its
-            ``reset``); None: new tensors.
+        work: where the inversion's temporaries go (:class:`~monitored_optim.workspace.Workspace`; u
+            then lives until its ``reset``); None: new tensors.
         meant: whether to return the intended update. Without it the inversion subtracts a
             :class:`~monitored_optim.updates.clone.Scaled` d = f·r with a Python factor as ``torch.sub(p, r, alpha=f)``,
             one op and no temporary for d (the SGD store's own form, ``p.add_(buf, alpha=-lr)``).
@@ -257,7 +204,7 @@ def stored_change(p: Tensor, intended: Tensor | Scaled | Stores | None, before: 
     p_b = real(after)
     for k, (d, alpha) in enumerate(reversed(adds)):  # one rounding in p's dtype each: the nearest value
         d = real(d.to(after.dtype))                   # to p - d; the first makes the copy, the others go into it
-        p_b = p_b.sub_(d, alpha=alpha) if k else torch.sub(p_b, d, alpha=alpha, out=_room(p_b, work))
+        p_b = p_b.sub_(d, alpha=alpha) if k else torch.sub(p_b, d, alpha=alpha, out=room(p_b, work))
     if not _is_one(s):  # p_b is the loop's own tensor (every view stores at least one d)
         p_b.div_(s.to(p_b.dtype) if isinstance(s, Tensor) else s)
     if extremes is not None:  # w = 1: exactly the constant c; w = 0: p_b itself (1·p_b + 0)
