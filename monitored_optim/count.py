@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._warnings import warn
+from ._warnings import Once, warn
 
 
 class StepCount:
@@ -18,7 +18,7 @@ class StepCount:
     def __init__(self) -> None:
         self.step = 0
         self.logged = 0
-        self._told_back = False
+        self._told = Once()
 
     def set(self, value: Any) -> None:
         """Set the count by hand; warns once where it moves below a step already logged.
@@ -26,8 +26,7 @@ class StepCount:
         Raises:
             ValueError: ``value`` is not an integer >= 0.
         """
-        if _valid(value) < self.logged and not self._told_back:
-            self._told_back = True
+        if _valid(value) < self.logged and self._told.first():
             warn(f"monitored_optim: the monitor's step moves back from {self.step} to {value}, below step "
                  f"{self.logged} that it already logged, so figures will be logged again at steps already "
                  "used; set opt.monitor.step to the step your checkpoint was saved at", RuntimeWarning)

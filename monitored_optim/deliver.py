@@ -11,7 +11,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from . import distributed, grouping
-from ._warnings import warn
+from ._warnings import Once, warn
 from .backends import Fanout
 from .config import Settings
 from .history import History
@@ -40,7 +40,7 @@ class Delivery:
         self.history = History()
         self.backends = Fanout(settings.backends, settings.logdir, settings.strict, settings.sinks)
         self._described: tuple[str, ...] = ()
-        self._told_budget = False
+        self._told_budget = Once()
 
     def send(self, step: int, figures: dict[str, float], roster: Any,
              hists: dict[str, Histogram] | None = None) -> bool:
@@ -74,8 +74,7 @@ class Delivery:
         """``latest`` grouped by depth for the dashboards (a step over the tag budget); warns once if
         even that is over it."""
         compact = grouping.summarize(latest, self.settings.prefix)
-        if len(compact) > self.settings.tag_budget and not self._told_budget:
-            self._told_budget = True
+        if len(compact) > self.settings.tag_budget and self._told_budget.first():
             warn(f"monitored_optim: {len(compact)} tags per logging step even grouped by depth, above "
                  f"the tag budget of {self.settings.tag_budget} for TensorBoard, W&B and MLflow; choose what "
                  "is monitored with MonitorConfig(params=..., figures=...) or raise tag_budget")

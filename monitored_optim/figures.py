@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from . import families, host
-from ._warnings import warn
+from ._warnings import Once, warn
 from .capture.plan import Roster
 from .config import Settings
 from .health import Checks, Health
@@ -42,7 +42,7 @@ class Figures:
     def __init__(self, settings: Settings, chosen: list[Any], health: Health,
                  held: Callable[[dict[str, Any]], bool] = lambda group: False) -> None:
         self.settings, self.families, self.health, self.held = settings, chosen, health, held
-        self._verify_told: set[str] = set()
+        self._verify_told = Once()
         self._tag_names: tuple[str, ...] = ()  # the names of _tag_list: every _tags of each, in order
         self._tag_list: list[str] = []
 
@@ -109,8 +109,7 @@ class Figures:
     def _verify_error(self, name: str, miss: float, truth: float) -> float:
         """Relative error of the view against the clone; warns once per parameter beyond
         :data:`VERIFY_RTOL` of the update itself."""
-        if miss > VERIFY_RTOL * truth and name not in self._verify_told:
-            self._verify_told.add(name)
+        if miss > VERIFY_RTOL * truth and self._verify_told.first(name):
             warn(f"monitored_optim verify: the update of {name!r} rebuilt from the optimizer state differs "
                  f"from the clone-based truth by {miss:.3g} (norm {truth:.3g}) beyond the rounding of the stored "
                  "value; please report it with your torch version and optimizer flags", RuntimeWarning)

@@ -9,12 +9,13 @@ thousand layers stop changing at once gets one warning, not a thousand).
 
 from __future__ import annotations
 
+import collections
 from itertools import compress
 from typing import Callable, NamedTuple
 
 import torch
 
-from ._warnings import warn
+from ._warnings import Once, warn
 
 STALE_AFTER = 3
 """Consecutive logging steps a parameter with a gradient may stay exactly unchanged (or a parameter
@@ -56,7 +57,7 @@ class Health:
         self.skipped_steps = 0
         self._unchanged_streak: dict[str, int] = {}
         self._no_grad_streak: dict[str, int] = {}
-        self._told: set[tuple[str, str]] = set()
+        self._told: dict[str, Once] = collections.defaultdict(Once)  # kind -> the names told of
 
     def figures(self, checks: Checks, step: int) -> dict[str, float]:
         """The ``health/*`` counts for this logging step (floats), warning about new conditions.
@@ -92,7 +93,7 @@ class Health:
     def _warn_nonfinite(self, bad: dict[str, tuple[str, ...]], step: int) -> None:
         if not bad:
             return
-        order = "also" if any(k == "nonfinite" for k, _ in self._told) else "first"
+        order = "also" if self._told["nonfinite"] else "first"
         self._once("nonfinite", list(bad), lambda name: (
             f"monitored_optim: parameter {name!r} has NaN or Inf in its {' and '.join(bad[name])} at step {step} "
             f"({order} non-finite parameter); look for a too-high learning rate, a division by zero or an "
@@ -134,10 +135,9 @@ class Health:
     def _once(self, kind: str, names: list[str], message: Callable[[str], str]) -> None:
         """Warn ``message(name)`` for the first of ``names`` not yet told of ``kind``: one warning for
         all those it is new for, naming up to five more of them."""
-        fresh = [n for n in names if (kind, n) not in self._told]
+        fresh = self._told[kind].new(names)
         if not fresh:
             return
-        self._told.update((kind, n) for n in fresh)
         text, more = message(fresh[0]), fresh[1:]
         if more:
             shown = ", ".join(repr(n) for n in more[:5]) + (f" and {len(more) - 5} more" if len(more) > 5 else "")

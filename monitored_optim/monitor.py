@@ -30,6 +30,7 @@ from . import amp, backends, distributed, engine, families, histograms, host, pi
 from .workspace import Workspace
 from .capture import Capture, closure_is_first, closure_of, with_grads_of_closure
 from .capture.plan import Entries, born, tell_unmapped
+from ._warnings import Once
 from .capture.spent import stage
 from .config import MonitorConfig, Settings, resolve
 from .count import StepCount
@@ -69,8 +70,8 @@ class Monitor(ReadBack):
         self.view: View = view_for(optimizer_cls)
         self._closure_first = closure_is_first(optimizer_cls)
         self._count = StepCount()
-        self._told_left_out: set[str] = set()
-        self._told_unmapped = False
+        self._told = Once()  # unnamed and unmapped parameters
+        self._told_left_out = Once()  # heads of piece keys
         self.base_calls = 0
         self.health = Health()
         chosen = families.build(self.settings.figures)
@@ -87,7 +88,6 @@ class Monitor(ReadBack):
         weakref.finalize(self, usage.UNSTEPPED.append, self._usage)  # told at exit if it was never stepped
         self._watched: list[weakref.ref[torch.nn.Module]] = []
         self._model_names: dict[int, str] = {}
-        self._warned_unnamed = False
         check_shared(self.settings, [other.settings for other in list(_ALL)])
         _ALL.add(self)
         amp.install()
@@ -131,9 +131,8 @@ class Monitor(ReadBack):
         watched = self.config.model if self.config is not None else None
         for m in (m for m in (watched, model) if m is not None):
             self._name_after(m)
-        tell = not self._warned_unnamed and wrapper is None  # DeepSpeed's flat buffers are named by its layout
-        every, chosen, unnamed = born(optimizer, self._model_names, self.settings.select, tell)
-        self._warned_unnamed |= unnamed
+        told = self._told if wrapper is None else None  # DeepSpeed's flat buffers are named by its layout
+        every, chosen = born(optimizer, self._model_names, self.settings.select, told)
         self._search.born = {id(p): n for n, p in every}
         self.capture.risk.mark_when_built(chosen)
         if wrapper is not None:
@@ -214,8 +213,8 @@ class Monitor(ReadBack):
         the entries it made and the step's arguments, a closure wrapped to record the grads it makes."""
         optimizer, sharding = self._optimizer(), pending.sharding
         assert optimizer is not None  # the optimizer being stepped, alive
-        if not (self._engine or self._told_unmapped):  # a known DeepSpeed wrapper's buffers are mapped
-            self._told_unmapped = tell_unmapped(optimizer)
+        if not self._engine:  # a known DeepSpeed wrapper's buffers are mapped
+            tell_unmapped(optimizer, self._told)
         grad_scale = getattr(optimizer, "grad_scale", None)
         fuse = self.capture.may_fuse(sharding is not None, grad_scale, closure_of(args, kwargs, self._closure_first))
         entries = self.capture.before(optimizer if sharding is None else sharding.local, pending.batch, grad_scale,

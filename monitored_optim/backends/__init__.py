@@ -13,7 +13,7 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from .._warnings import warn
+from .._warnings import Once, warn
 from . import lock
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ class Fanout:
         self.sinks = {_sink_name(sink, i): sink for i, sink in enumerate(sinks)}
         self._open: dict[str, Backend] | None = None
         self._release: weakref.finalize | None = None
-        self._told: set[str] = set()
+        self._told = Once()
 
     def log(self, metrics: dict[str, float], step: int,
             compact: Callable[[], dict[str, float]] | None = None) -> None:
@@ -206,9 +206,8 @@ class Fanout:
 
     def _cannot(self, name: str, backend: Backend, method: str) -> None:
         """Say once per backend that it shows no histograms (``method``: what it lacks), and why."""
-        if name in self._told:
+        if not self._told.first(name):
             return
-        self._told.add(name)
         why = getattr(backend, "NO_HISTOGRAMS", f"it has no {method} method")
         warn(f"monitored_optim: the {name} backend shows no histograms ({why}): update_hist/, grad_hist/ "
              f"and param_hist/ are left out there (TensorBoard, W&B, trackio, Comet and the jsonl "

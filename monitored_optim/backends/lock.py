@@ -16,7 +16,7 @@ import os
 import socket
 from pathlib import Path
 
-from .._warnings import warn
+from .._warnings import Once, warn
 
 try:
     import fcntl
@@ -27,7 +27,7 @@ LOCK_FILE = ".monitored_optim.lock"
 
 _CLAIMS: dict[str, list] = {}
 """Real path of a logdir -> [the descriptor holding its lock, or None; the claims of this process]."""
-_TOLD: set[str] = set()
+_TOLD = Once()
 """Real paths of the logdirs whose other writer this process has warned about."""
 
 
@@ -89,9 +89,8 @@ def _read(fd: int) -> str:
 
 def _tell(directory: str, logdir: Path, note: str) -> None:
     """Warn, once per directory, that the process in ``note`` (``"<pid> <host>"``) writes to ``logdir``."""
-    if directory in _TOLD:
+    if not _TOLD.first(directory):
         return
-    _TOLD.add(directory)
     pid, _, host = note.strip().partition(" ")
     holder = f"pid {pid} on {host}" if pid.isdigit() and host else "its pid unknown"
     warn(f"monitored_optim: another process ({holder}) is logging to {str(logdir)!r} too: the report "

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from .. import stats
+from .._warnings import Once, warn
 from ..updates import Cloned
 from .rules import LOW_PRECISION, eps as machine_eps
 from .store import Part
@@ -137,16 +138,15 @@ def names(optimizer: Stepped, known: dict[int, str] | None = None) -> list[list[
 
 
 def born(optimizer: torch.optim.Optimizer, known: dict[int, str], select: Any,
-         tell_unnamed: bool = True) -> tuple[list[tuple[str, Tensor]], list[tuple[str, Tensor]], bool]:
-    """The optimizer's ``(name, parameter)`` pairs as it was built, those ``select`` chooses, and whether
-    some had no name (``known``: id -> name from watched models, :func:`names`).
+         told: Once | None) -> tuple[list[tuple[str, Tensor]], list[tuple[str, Tensor]]]:
+    """The optimizer's ``(name, parameter)`` pairs as it was built, and those ``select`` chooses
+    (``known``: id -> name from watched models, :func:`names`).
 
-    Warns where parameters have no names (if ``tell_unnamed``) and where the selection chooses none."""
-    from .._warnings import warn
-
+    Warns where the selection chooses none, and, once per ``told`` (None: never), where parameters
+    have no names."""
     unnamed = any(not g.get("param_names") and any(id(p) not in known for p in g["params"])
                   for g in optimizer.param_groups)
-    if unnamed and tell_unnamed:
+    if unnamed and told is not None and told.first("unnamed"):
         warn("monitored_optim: the optimizer's parameters have no names, so figures are logged as "
              "param0, param1, ...; pass model.named_parameters() (or param groups whose 'params' are "
              "(name, tensor) pairs), or MonitorConfig(model=model), to log them by name")
@@ -157,23 +157,20 @@ def born(optimizer: torch.optim.Optimizer, known: dict[int, str], select: Any,
         warn(f"monitored_optim: the parameter selection (MonitorConfig params=/exclude= or MONITORED_OPTIM_PARAMS) "
              f"matches none of the {len(every)} parameters, so nothing is monitored; their names look like "
              f"{every[0][0]!r}", RuntimeWarning)
-    return every, chosen, unnamed
+    return every, chosen
 
 
-def tell_unmapped(optimizer: torch.optim.Optimizer) -> bool:
-    """Warn where a param group's names are not as many as its tensors (an engine, an optimizer
-    wrapper the monitor does not know, stepped buffers of its own, named ``param{k}``); returns
-    whether it warned."""
+def tell_unmapped(optimizer: torch.optim.Optimizer, told: Once) -> None:
+    """Warn, once per ``told``, where a param group's names are not as many as its tensors (an
+    engine, an optimizer wrapper the monitor does not know, stepped buffers of its own, named
+    ``param{k}``)."""
     odd = [group for group in optimizer.param_groups
            if group.get("param_names") and len(group["param_names"]) != len(group["params"])]
-    if odd:
-        from .._warnings import warn
-
+    if odd and told.first("unmapped"):
         warn(f"monitored_optim: a param group names {len(odd[0]['param_names'])} parameters but holds "
              f"{len(odd[0]['params'])} tensor(s): something replaced them with buffers of its own that the monitor "
              "cannot map back to the named parameters, so their figures are logged as param0, param1, ... (the "
              "tensors the optimizer steps), not under the parameters' names", RuntimeWarning)
-    return bool(odd)
 
 
 def _unique(own: list[str], seen: set[str], i: int) -> list[str]:

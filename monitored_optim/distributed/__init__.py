@@ -48,6 +48,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .. import stats
+from .._warnings import Once, warn
 from ..updates import elementwise
 from . import dtensor, fsdp1, replicated, zero
 from .held import Held, is_dtensor, narrow, set_local_grad
@@ -228,14 +229,12 @@ class Sharding:
         return reduce(entries, local, [self._held[id(e.p)] for e in entries], keys, ranks, self.left_out, cost)
 
 
-def tell_left_out(keys: set[str], reductions: dict[str, str], told: set[str]) -> None:
-    """Warn once per key head (heads in ``told`` were warned about; new ones are added) that the
+def tell_left_out(keys: set[str], reductions: dict[str, str], told: Once) -> None:
+    """Warn once per key head (``told``: those warned about before, by this monitor) that the
     sharded reduction left the figures of ``keys`` out, and why (``reductions``: head -> reduction)."""
-    from .._warnings import warn
     from ..pieces import WHOLE, head
 
-    for first in sorted({head(key) for key in keys} - told):
-        told.add(first)
+    for first in told.new(sorted({head(key) for key in keys})):
         if reductions.get(first) == WHOLE:
             warn(f"monitored_optim: the {first} figures of matrices sharded across ranks are left out: they "
                  "describe a whole matrix and each rank holds a shard (gathering the matrix would take a "

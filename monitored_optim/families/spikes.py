@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._warnings import warn
+from .._warnings import Once, warn
 from .base import Family
 
 WINDOW = 20
@@ -57,7 +57,7 @@ class Spikes(Family):
         self._row: dict[str, int] = {}
         self._history = torch.full((0, len(FIGURES), WINDOW), math.nan, dtype=torch.float64)
         self._count = torch.zeros((0, len(FIGURES)), dtype=torch.long)
-        self._told = False
+        self._told = Once()
         self._names: tuple[str, ...] = ()
         self._rows = torch.zeros(0, dtype=torch.long)  # the table rows of _names
         self._all = True  # _rows is every row in order: the table itself, not a gather of it
@@ -84,8 +84,7 @@ class Spikes(Family):
         self._count[rows[r], k] += 1
         spiking = [(names[i], [kind for kind, hit in zip(FIGURES, spike[i].tolist()) if hit])
                    for i in spike.any(1).nonzero().flatten().tolist()]  # only the spiking rows read back
-        if spiking and not self._told:
-            self._told = True
+        if spiking and self._told.first():
             shown = ", ".join(f"{name!r} ({' and '.join(kinds)})" for name, kinds in spiking[:5])
             more = f" and {len(spiking) - 5} more" if len(spiking) > 5 else ""
             warn(f"monitored_optim: spike at step {step.step} in {shown}{more}: far above each one's "
