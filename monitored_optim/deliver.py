@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import distributed, grouping
 from ._warnings import Once, warn
-from .backends import Fanout
+from .backends import Fanout, make_logdir
 from .config import Settings
 from .history import History
 
@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 class Delivery:
     """Where one monitor's figures go.
+
+    Whether this process writes (:func:`~monitored_optim.distributed.is_writer`) is decided once: when
+    the monitor is built, or, where ``torch.distributed`` is not set up yet, at its first logging step.
+    Building it makes the log directory of a file backend in a process that may write.
 
     Args:
         settings: the monitor's settings (``prefix``, ``backends``, ``logdir``, ``tag_budget``, ...).
@@ -38,6 +42,9 @@ class Delivery:
         self.latest: dict[str, float] = {}
         self.histograms: dict[str, Histogram] = {}
         self.history = History()
+        self._writes = distributed.is_writer() if distributed.initialized() else None  # else at the first send
+        if self._writes is not False:  # another rank never writes: no stray (differently timestamped) dirs
+            make_logdir(settings.backends, settings.logdir)
         self.backends = Fanout(settings.backends, settings.logdir, settings.strict, settings.sinks)
         self._described: tuple[str, ...] = ()
         self._told_budget = Once()
@@ -55,7 +62,9 @@ class Delivery:
         self.latest = {prefix + tag: value for tag, value in figures.items()} if prefix else figures
         self.histograms = {prefix + tag: counts for tag, counts in (hists or {}).items()}
         self.history.record(step, self.latest)
-        if not distributed.is_writer():  # under torch.distributed only rank 0 opens and writes backends
+        if self._writes is None:  # built before torch.distributed was set up, if it ever is
+            self._writes = distributed.is_writer()
+        if not self._writes:  # under torch.distributed only rank 0 opens and writes backends
             return False
         if tuple(roster.names) != self._described and {"tensorboard", "jsonl"} & set(self.settings.backends):
             self._described = tuple(roster.names)

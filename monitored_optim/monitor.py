@@ -65,8 +65,6 @@ class Monitor(ReadBack):
         self.config = config
         self.settings: Settings = resolve(config)
         backends.check_installed(self.settings.backends)
-        if distributed.is_writer():  # other ranks never write: no stray (differently timestamped) dirs
-            backends.make_logdir(self.settings.backends, self.settings.logdir)
         self.view: View = view_for(optimizer_cls)
         self._closure_first = closure_is_first(optimizer_cls)
         self._count = StepCount()

@@ -137,9 +137,10 @@ def _child(fn, rank: int, world: int, port: int, outdir: str) -> None:
         torch.set_num_threads(1)
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                           WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+        built = fn.before_group(outdir) if hasattr(fn, "before_group") else None  # what a script builds first
         dist.init_process_group("gloo", rank=rank, world_size=world)
         try:
-            result = fn(rank, world, outdir)
+            result = fn(rank, world, outdir) if built is None else fn(rank, world, outdir, built)
         finally:
             dist.destroy_process_group()
         with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as f:
@@ -260,6 +261,27 @@ def test_ddp(tmp_path, want):
     results = launch(_ddp, 2, tmp_path)
     assert any(k.startswith("update_to_data/module.fc1.weight") for k in results[0]["latest"][STEPS])
     print("ddp", check(results, want, tmp_path))
+
+
+def _ddp_built_first(rank, world, outdir, built):
+    net, opt = built
+    return train(opt, DDP(net), rank, world)
+
+
+def _build_before_the_group(outdir):
+    net = model()
+    return net, Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT, monitor=config(outdir))
+
+
+_ddp_built_first.before_group = _build_before_the_group  # type: ignore[attr-defined]
+
+
+def test_an_optimizer_built_before_the_process_group_writes_on_rank_0_alone(tmp_path, want):
+    """Each rank builds the model and the monitored optimizer before ``init_process_group`` (where
+    every process looks like a single one), then trains under DDP: the figures equal the single
+    process's and rank 0 alone writes (``check``: the logdir's files, one line per logging step)."""
+    results = launch(_ddp_built_first, 2, tmp_path)
+    check(results, want, tmp_path)
 
 
 def _fsdp2(rank, world, outdir):
@@ -489,9 +511,21 @@ def test_ranks_monitoring_different_parameters_get_the_figures_of_all(tmp_path):
     assert_close_to_reference(got[0], opt.monitor.latest)
 
 
-def test_single_process_is_untouched(tmp_path):
+def test_single_process_is_untouched(tmp_path, want):
+    """Outside torch.distributed: no sharding, and the one process writes the reference's figures."""
     assert not mdist.initialized() and mdist.is_writer()
     assert mdist.sharding(torch.optim.SGD([nn.Parameter(torch.ones(1))])) is None
+    net = model()
+    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT, monitor=config(str(tmp_path)))
+    for step in range(1, STEPS + 1):
+        opt.zero_grad()
+        loss_of(net, step).backward()
+        opt.step()
+    opt.monitor.close()
+    lines = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [line.pop("step") for line in lines] == [EVERY, STEPS]
+    figures = [{k: v for k, v in got.items() if not k.startswith(COST)} for got in [*lines, want[EVERY], want[STEPS]]]
+    assert figures[:2] == figures[2:] and len(figures[0]) > 20
 
 
 def test_digits_fsdp_example_runs_under_torchrun(tmp_path):
