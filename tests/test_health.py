@@ -164,11 +164,15 @@ def test_bf16_updates_lost_to_rounding_match_the_clone_truth():
 
 
 def test_fp32_has_no_update_lost_tag():
+    """An fp32 model logs the clone truth's figures and no ``update_lost/`` tag (nothing rounds away)."""
     problem = models.mlp()
     opt = Monitored(torch.optim.Adam)(problem.groups, lr=1e-2, monitor=MonitorConfig(backend="none"))
+    named = list(problem.model.named_parameters())
     problem.loss(0).backward()
+    before, grads = truth.snapshot(named)
     opt.step()
     assert not any(tag.startswith("update_lost/") for tag in opt.monitor.latest)
+    truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))  # the same tags
 
 
 def test_an_empty_parameter_is_never_counted_as_unchanged(tmp_path):

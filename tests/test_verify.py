@@ -152,8 +152,17 @@ def test_registered_correct_view_is_used_without_clone_and_verifies():
 
 
 def test_verify_off_logs_no_verify_figure():
-    opt = train(torch.optim.Adam, MonitorConfig(backend="none"))
-    assert "verify/max_rel_error" not in opt.monitor.latest
+    """Without verify mode a logging step logs the clone truth's figures, and no ``verify/`` tag."""
+    problem = models.mlp()
+    opt = Monitored(torch.optim.Adam)(problem.groups, lr=1e-2, monitor=MonitorConfig(backend="none", every=3))
+    named = list(problem.model.named_parameters())
+    for i in range(3):
+        opt.zero_grad()
+        problem.loss(i).backward()
+        before, grads = truth.snapshot(named)
+        opt.step()
+    assert not any(tag.startswith("verify/") for tag in opt.monitor.latest)
+    truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))  # the same tags
 
 
 def test_register_rejects_bad_input():
