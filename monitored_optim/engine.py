@@ -54,8 +54,8 @@ class EngineSteps:
     """A monitor's count and capture of a DeepSpeed wrapper's steps.
 
     Args:
-        monitor: the :class:`~monitored_optim.monitor.Monitor` (held weakly; its ``_open``,
-            ``_before``, ``_after``, ``_finish`` and ``skipped`` run the logging step).
+        monitor: the :class:`~monitored_optim.monitor.Monitor` (held weakly; its ``begin``, ``part``
+            and ``end`` run the step).
         optimizer: the monitored optimizer.
         wrapper: the DeepSpeed wrapper whose ``step`` is made the one the monitor counts.
         inside: the wrapper was found inside its own ``step()``: that step is counted as well, and
@@ -100,13 +100,12 @@ class EngineSteps:
         if pending is None and self._last is None:
             return step_fn(optimizer, *args, **kwargs)
         stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        if pending is None:
-            out = step_fn(optimizer, *args, **kwargs)
-        else:
+        groups = None
+        if pending is not None:
             pending.sharding.regrad(stepped)  # the wrapper sets the flat grads just before it steps
-            made, args, kwargs = monitor._before(pending, args, kwargs, pending.sharding.groups_of(stepped))
-            out = step_fn(optimizer, *args, **kwargs)
-            monitor._after(pending, made)
+            groups = pending.sharding.groups_of(stepped)
+        out, made = monitor.part(optimizer, pending, step_fn, args, kwargs, groups)
+        if pending is not None and made is not None:
             pending.sharding.release(made.all)  # no grad of the wrapper's is held past its base step
         if self._last in stepped:  # the step found inside ends here
             self._last = None
@@ -126,16 +125,10 @@ class EngineSteps:
         monitor = self._monitor()
         assert monitor is not None  # called by __init__, step() or call(), with the monitor alive
         self._calls = 0
-        self._pending = monitor._open(optimizer, self.layout) if monitor._count.logs_next(monitor.settings.every) \
-            else None
+        self._pending = monitor.begin(optimizer, self.layout)
 
     def _end(self, optimizer: torch.optim.Optimizer) -> None:
         monitor = self._monitor()
         assert monitor is not None  # called by step() or call(), with the monitor alive
         pending, self._pending = self._pending, None
-        if not self._calls:
-            monitor.skipped()
-        elif pending is not None:
-            monitor._finish(optimizer, pending)
-        else:
-            monitor._count.step += 1
+        monitor.end(optimizer, pending, stepped=self._calls > 0)

@@ -188,21 +188,42 @@ class Monitor(ReadBack):
         if found_inf is not None and bool(found_inf):  # a fused optimizer under GradScaler, skipped
             self.skipped()
             return step_fn(optimizer, *args, **kwargs)
-        if not self._count.logs_next(self.settings.every):
-            out = step_fn(optimizer, *args, **kwargs)
-            self._count.step += 1
-            return out
-        pending = self._open(optimizer)
-        made, args, kwargs = self._before(pending, args, kwargs)
-        out = step_fn(optimizer, *args, **kwargs)
-        self._after(pending, made)
-        self._finish(optimizer, pending)
+        pending = self.begin(optimizer)
+        out, _ = self.part(optimizer, pending, step_fn, args, kwargs)
+        self.end(optimizer, pending)
         return out
 
+    def begin(self, optimizer: torch.optim.Optimizer, layout: Any = None) -> _Pending | None:
+        """Begin a step: on a logging step, its sharding (None outside torch.distributed; ``layout``:
+        DeepSpeed's) and its batch of sums; None on another step."""
+        return self._open(optimizer, layout) if self._count.logs_next(self.settings.every) else None
+
     @torch.compiler.disable
-    def _open(self, optimizer: torch.optim.Optimizer, layout: Any = None) -> _Pending:
-        """A logging step: its sharding (None outside torch.distributed) and its batch of sums."""
+    def _open(self, optimizer: torch.optim.Optimizer, layout: Any) -> _Pending:
         return _Pending(distributed.sharding(optimizer, layout), stats.Batch(Workspace()))
+
+    def part(self, optimizer: torch.optim.Optimizer, pending: _Pending | None, step_fn: Callable[..., Any],
+             args: tuple[Any, ...], kwargs: dict[str, Any], groups: set[int] | None = None
+             ) -> tuple[Any, Entries | None]:
+        """Call the base step ``step_fn(optimizer, *args, **kwargs)`` once, within the step ``pending``
+        begun: on a logging step, captured before and after (the param groups ``groups``, None: all).
+        Returns what the base step returns, and the entries captured (None on another step)."""
+        if pending is None:
+            return step_fn(optimizer, *args, **kwargs), None
+        made, args, kwargs = self._before(pending, args, kwargs, groups)
+        out = step_fn(optimizer, *args, **kwargs)
+        self._after(pending, made)
+        return out, made
+
+    def end(self, optimizer: torch.optim.Optimizer, pending: _Pending | None, stepped: bool = True) -> None:
+        """End the step that ``pending`` began: count it (a step that stepped nothing as skipped) and, on a
+        logging step, reduce, compute the figures and deliver them."""
+        if not stepped:
+            self.skipped()
+        elif pending is None:
+            self._count.step += 1
+        else:
+            self._finish(optimizer, pending)
 
     @stage()
     def _before(self, pending: _Pending, args: tuple[Any, ...], kwargs: dict[str, Any],

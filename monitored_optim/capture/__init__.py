@@ -154,7 +154,7 @@ class Capture:
         plan = self.plan_of(optimizer, known, fuse, cloned)
         routes = self.spent.record(batch).routes
         self.eager.shared = plan.shared
-        entries, leads, unflat, copies = [], [], [], []
+        entries, unflat, copies = [], [], []
         blocks: list[list[Entry] | Entry] = []  # runs of flat entries, and the first part of each other
         cut = split and elementwise(self.view)
         assert batch.work is not None  # a logging step's batch has its workspace
@@ -190,8 +190,7 @@ class Capture:
                 entries += made
                 unflat += made
                 blocks.append(made[0])
-        for block in blocks:  # leads in order: runs of flat entries, and the first part of each other
-            leads += block if isinstance(block, list) else [block]
+        leads = [e for block in blocks for e in (block if isinstance(block, list) else [block])]  # in order
         assign_slots(blocks, batch.slots(len(stats.KINDS) * len(leads)).start)
         befores = self.fused.before(plan.chunks, copies, [e for e in unflat if e.fused], batch)
         self.spent.copied([*befores, *(x for e in unflat for x in (e.before, e.clone))])

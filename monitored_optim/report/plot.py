@@ -129,12 +129,8 @@ def plot_heatmap(run: Run, path: str | Path, *, dpi: int = 110) -> Path:
         raise ReportError(f"{run.path}: no update-to-data ratios to draw")
     panels = [(kind, _by_depth([p for p in params if kind_of(run, p) == kind])) for kind in ("matrix", "vector")]
     panels = [(kind, rows) for kind, rows in panels if rows]
-    column = {step: i for i, step in enumerate(run.steps)}
-    values = np.full((len(params), len(run.steps)), np.nan)
     order = [p for _, rows in panels for p in rows]
-    for i, p in enumerate(order):
-        for step, v in run.series[p.tag("update_to_data")]:
-            values[i, column[step]] = v
+    values = _ratios(run, order)
     finite = values[np.isfinite(values)]
     vmin, vmax = min(finite.min(), REFERENCE - 2.0), max(finite.max(), REFERENCE + 2.0)
     norm = TwoSlopeNorm(vcenter=REFERENCE, vmin=vmin, vmax=vmax)
@@ -159,6 +155,19 @@ def plot_heatmap(run: Run, path: str | Path, *, dpi: int = 110) -> Path:
     fig.suptitle(f"{run.path.resolve().name}: update-to-data ratio, {len(order)} {rows_noun(order)} × "
                  f"{len(run.steps)} logged steps ({run.source})", fontsize=11)
     return _save(fig, path, dpi)
+
+
+def _ratios(run: Run, params: list[Param]):
+    """The update-to-data ratios of ``params`` (rows) at the run's logged steps (columns), a float64
+    numpy array, NaN where a parameter logged none."""
+    import numpy as np
+
+    column = {step: i for i, step in enumerate(run.steps)}
+    values = np.full((len(params), len(run.steps)), np.nan)
+    for i, p in enumerate(params):
+        for step, v in run.series[p.tag("update_to_data")]:
+            values[i, column[step]] = v
+    return values
 
 
 def _figure(figsize: tuple[float, float]):
