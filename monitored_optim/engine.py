@@ -18,6 +18,7 @@ import torch
 
 from . import distributed
 from .distributed import deepspeed
+from .figures import group_lrs
 
 
 def find(monitor: Any, optimizer: torch.optim.Optimizer) -> EngineSteps | None:
@@ -50,8 +51,36 @@ class Search:
         return False
 
 
+class Alone:
+    """The layout of an optimizer that steps its param groups itself, each tensor a parameter: the
+    trivial one, beside :class:`EngineSteps` (whose methods of the same names answer for DeepSpeed)."""
+
+    names_mapped = False
+    """Whether the layout maps the stepped tensors to named parameters itself (else a param group
+    whose names and tensors differ in number is warned about)."""
+
+    @staticmethod
+    def source(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimizer whose param groups carry the learning rates of every parameter."""
+        return optimizer
+
+    @staticmethod
+    def local_lrs(groups: list[dict[str, Any]]) -> list[float | None] | None:
+        """The learning rates of the param groups the capture reads, where they differ from the
+        source's groups (None: they are the source's)."""
+        return None
+
+    @staticmethod
+    def model_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        """The model's parameters that ``optimizer`` steps."""
+        return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+ALONE = Alone()
+
+
 class EngineSteps:
-    """A monitor's count and capture of a DeepSpeed wrapper's steps.
+    """A monitor's count and capture of a DeepSpeed wrapper's steps, and its layout.
 
     Args:
         monitor: the :class:`~monitored_optim.monitor.Monitor` (held weakly; its ``begin``, ``part``
@@ -112,8 +141,20 @@ class EngineSteps:
             self._end(optimizer)
         return out
 
-    def model_params(self) -> list[torch.Tensor]:
-        """The model's parameters in the wrapper's flat buffers."""
+    names_mapped = True
+
+    def source(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimizer whose param groups carry the learning rates: all of DeepSpeed's groups."""
+        return self.layout.optimizer()
+
+    @staticmethod
+    def local_lrs(groups: list[dict[str, Any]]) -> list[float | None] | None:
+        """The learning rates of the param groups the capture reads: DeepSpeed's flat buffers (its
+        sub-groups at stage 3)."""
+        return group_lrs(groups)
+
+    def model_params(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        """The model's parameters in the wrapper's flat buffers (``optimizer``: unused, as it steps them)."""
         params: list[torch.Tensor] = []
         for _, pieces in self.layout.groups():
             for h in pieces:

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
-from torch import Tensor
 
 from . import amp, backends, distributed, engine, families, histograms, host, pieces, stats, usage
 from .workspace import Workspace
@@ -81,6 +80,7 @@ class Monitor(ReadBack):
         self._optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None
         self._ranks = distributed.Ranks()  # the names every rank monitors, once exchanged
         self._engine: engine.EngineSteps | Literal[False] | None = None  # DeepSpeed's steps once found, False: none
+        self._layout: engine.EngineSteps | engine.Alone = engine.ALONE
         self._search = engine.Search()  # when to look for DeepSpeed's wrapper (again)
         self._usage = usage.Usage(optimizer_cls.__name__)
         weakref.finalize(self, usage.UNSTEPPED.append, self._usage)  # told at exit if it was never stepped
@@ -134,7 +134,7 @@ class Monitor(ReadBack):
         self._search.born = {id(p): n for n, p in every}
         self.capture.risk.mark_when_built(chosen)
         if wrapper is not None:
-            self._engine = engine.EngineSteps(self, optimizer, wrapper, inside=False)
+            self._engine = self._layout = engine.EngineSteps(self, optimizer, wrapper, inside=False)
         if watched is not None:
             self.watch(watched)
 
@@ -158,7 +158,7 @@ class Monitor(ReadBack):
         self._watched.append(weakref.ref(model))
         self._name_after(model)
         optimizer = self._optimizer()
-        return self.health.check_watched(model, self._held_params(optimizer)) if optimizer is not None else []
+        return self.health.check_watched(model, self._layout.model_params(optimizer)) if optimizer is not None else []
 
     def _name_after(self, model: torch.nn.Module) -> None:
         """Name the parameters ``model`` holds as ``model.named_parameters()`` does (a name known
@@ -181,6 +181,7 @@ class Monitor(ReadBack):
             self._usage.stepped = usage.ANY.stepped = True
         if self._engine is None or self._engine is False and self._search.due(optimizer):
             self._engine = engine.find(self, optimizer) or self._search.missed(optimizer)
+            self._layout = self._engine or engine.ALONE
         if self._engine:
             return self._engine.call(optimizer, step_fn, args, kwargs)
         self.base_calls += 1
@@ -232,7 +233,7 @@ class Monitor(ReadBack):
         the entries it made and the step's arguments, a closure wrapped to record the grads it makes."""
         optimizer, sharding = self._optimizer(), pending.sharding
         assert optimizer is not None  # the optimizer being stepped, alive
-        if not self._engine:  # a known DeepSpeed wrapper's buffers are mapped
+        if not self._layout.names_mapped:
             tell_unmapped(optimizer, self._told)
         grad_scale = getattr(optimizer, "grad_scale", None)
         fuse = self.capture.may_fuse(sharding is not None, grad_scale, closure_of(args, kwargs, self._closure_first))
@@ -258,7 +259,7 @@ class Monitor(ReadBack):
         sharding, entries = pending.sharding, pending.entries
         self.capture.finish(entries)
         roster = self.capture.roster(entries, None if sharding is None else sharding.shape)
-        source = self._engine.layout.optimizer() if self._engine else optimizer  # all of DeepSpeed's groups
+        source = self._layout.source(optimizer)
         lr_values = tensor_lrs(source)
         hosted, read_lrs, reduced = host.gather(entries, roster, pending.batch.finish(), lr_values, sharding,
                                                 self._piece_keys, self._ranks, self.capture.spent.so_far())
@@ -267,7 +268,7 @@ class Monitor(ReadBack):
         lrs = group_lrs(source.param_groups, dict(zip(lr_values, read_lrs)))
         groups = (optimizer if sharding is None else sharding.local).param_groups
         everyone = roster if reduced is None else roster.joined(reduced.remote, reduced.names)
-        local = group_lrs(groups) if self._engine else None  # DeepSpeed's flat buffers: sub-groups at stage 3
+        local = self._layout.local_lrs(groups)
         figures = self._figures.compute(self.step, everyone, hosted, source, lrs, groups, local)
         self.capture.remember(roster, hosted if everyone is roster else hosted.head(len(roster.names)))
         figures.update(self.capture.spent.figures(self.settings.figures, None if reduced is None else reduced.cost))
@@ -276,11 +277,7 @@ class Monitor(ReadBack):
         if self._delivery.send(self.step, figures, everyone, histograms.of(everyone.names, hosted.pieces)):
             _OPEN.add(self)
         for model in filter(None, (ref() for ref in self._watched)):
-            self.health.check_watched(model, self._held_params(optimizer))
-
-    def _held_params(self, optimizer: torch.optim.Optimizer) -> list[Tensor]:
-        """The model's parameters that the optimizer steps (under DeepSpeed, those in its flat buffers)."""
-        return self._engine.model_params() if self._engine else [p for g in optimizer.param_groups for p in g["params"]]
+            self.health.check_watched(model, self._layout.model_params(optimizer))
 
     def close(self) -> None:
         """Flush and close the backends, let go of the parameters held (idempotent; run at exit too)."""
