@@ -86,6 +86,7 @@ class Monitor(ReadBack):
         weakref.finalize(self, usage.UNSTEPPED.append, self._usage)  # told at exit if it was never stepped
         self._watched: list[weakref.ref[torch.nn.Module]] = []
         self._model_names: dict[int, str] = {}
+        weakref.finalize(self, self._delivery.close)  # a monitor collected unclosed closes its files
         check_shared(self.settings, [other.settings for other in list(_ALL)])
         _ALL.add(self)
         amp.install()
@@ -194,16 +195,16 @@ class Monitor(ReadBack):
         self.end(optimizer, pending)
         return out
 
-    def begin(self, optimizer: torch.optim.Optimizer, layout: Any = None) -> _Pending | None:
+    def begin(self, optimizer: torch.optim.Optimizer, layout: Any = None) -> Pending | None:
         """Begin a step: on a logging step, its sharding (None outside torch.distributed; ``layout``:
         DeepSpeed's) and its batch of sums; None on another step."""
         return self._open(optimizer, layout) if self._count.logs_next(self.settings.every) else None
 
     @torch.compiler.disable
-    def _open(self, optimizer: torch.optim.Optimizer, layout: Any) -> _Pending:
-        return _Pending(distributed.sharding(optimizer, layout), stats.Batch(Workspace()))
+    def _open(self, optimizer: torch.optim.Optimizer, layout: Any) -> Pending:
+        return Pending(distributed.sharding(optimizer, layout), stats.Batch(Workspace()))
 
-    def part(self, optimizer: torch.optim.Optimizer, pending: _Pending | None, step_fn: Callable[..., Any],
+    def part(self, optimizer: torch.optim.Optimizer, pending: Pending | None, step_fn: Callable[..., Any],
              args: tuple[Any, ...], kwargs: dict[str, Any], groups: set[int] | None = None
              ) -> tuple[Any, Entries | None]:
         """Call the base step ``step_fn(optimizer, *args, **kwargs)`` once, within the step ``pending``
@@ -216,7 +217,7 @@ class Monitor(ReadBack):
         self._after(pending, made)
         return out, made
 
-    def end(self, optimizer: torch.optim.Optimizer, pending: _Pending | None, stepped: bool = True) -> None:
+    def end(self, optimizer: torch.optim.Optimizer, pending: Pending | None, stepped: bool = True) -> None:
         """End the step that ``pending`` began: count it (a step that stepped nothing as skipped) and, on a
         logging step, reduce, compute the figures and deliver them."""
         if not stepped:
@@ -227,7 +228,7 @@ class Monitor(ReadBack):
             self._finish(optimizer, pending)
 
     @stage()
-    def _before(self, pending: _Pending, args: tuple[Any, ...], kwargs: dict[str, Any],
+    def _before(self, pending: Pending, args: tuple[Any, ...], kwargs: dict[str, Any],
                 groups: set[int] | None = None) -> tuple[Entries, tuple[Any, ...], dict[str, Any]]:
         """Stage 2: the capture before a base step (of the param groups ``groups``, None: all); returns
         the entries it made and the step's arguments, a closure wrapped to record the grads it makes."""
@@ -246,14 +247,14 @@ class Monitor(ReadBack):
                                                 self.capture.eager.grads))
 
     @stage()
-    def _after(self, pending: _Pending, entries: Entries) -> None:
+    def _after(self, pending: Pending, entries: Entries) -> None:
         """Stage 4: the capture after a base step, of the ``entries`` taken before it."""
         read = self._optimizer() if pending.sharding is None else pending.sharding.local
         assert read is not None  # the optimizer being stepped, alive
         self.capture.after(read.state, entries, pending.batch)
 
     @stage(last=True)
-    def _finish(self, optimizer: torch.optim.Optimizer, pending: _Pending) -> None:
+    def _finish(self, optimizer: torch.optim.Optimizer, pending: Pending) -> None:
         """Stages 5 to 7: count the step, reduce, compute the figures, deliver."""
         self._count.step += 1
         sharding, entries = pending.sharding, pending.entries
@@ -288,7 +289,7 @@ class Monitor(ReadBack):
         _ALL.discard(self)  # a monitor resumed into the same logdir after this one is no clash
 
 
-class _Pending:
+class Pending:
     """A logging step in progress: its sharding (None outside torch.distributed), its batch of sums and
     the entries captured so far."""
 
