@@ -91,6 +91,9 @@ class EngineSteps:
             ends with the base step of the wrapper's last flat buffer.
     """
 
+    names_mapped = True
+    """DeepSpeed's flat buffers are mapped to the named parameters by :attr:`layout`."""
+
     def __init__(self, monitor: Any, optimizer: torch.optim.Optimizer, wrapper: Any, inside: bool) -> None:
         self._monitor = weakref.ref(monitor)
         self.layout = deepspeed.Layout(wrapper, monitor._search.born, monitor._model_names)
@@ -140,8 +143,6 @@ class EngineSteps:
             self._last = None
             self._end(optimizer)
         return out
-
-    names_mapped = True
 
     def source(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The optimizer whose param groups carry the learning rates: all of DeepSpeed's groups."""

@@ -26,10 +26,9 @@ from typing import Any, Literal
 import torch
 
 from . import amp, backends, distributed, engine, families, histograms, host, pieces, stats, usage
-from .workspace import Workspace
+from ._warnings import Once
 from .capture import Capture, closure_is_first, closure_of, with_grads_of_closure
 from .capture.plan import Entries, born, tell_unmapped
-from ._warnings import Once
 from .capture.spent import stage
 from .config import MonitorConfig, Settings, resolve
 from .count import StepCount
@@ -39,6 +38,7 @@ from .health import Health
 from .readback import ReadBack
 from .updates import View, view_for
 from .updates.view import bind
+from .workspace import Workspace
 
 
 class Monitor(ReadBack):
