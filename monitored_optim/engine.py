@@ -92,7 +92,7 @@ class EngineSteps:
     """
 
     names_mapped = True
-    """DeepSpeed's flat buffers are mapped to the named parameters by :attr:`layout`."""
+    """DeepSpeed's flat buffers are mapped to the named parameters by ``layout``."""
 
     def __init__(self, monitor: Any, optimizer: torch.optim.Optimizer, wrapper: Any, inside: bool) -> None:
         self._monitor = weakref.ref(monitor)
