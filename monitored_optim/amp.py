@@ -5,7 +5,7 @@ call ``optimizer.step()``. :func:`install` wraps that method once per process so
 optimizer learns of the skip (it compares its count of base-step calls before and after); the
 user's loop and the scaler's arithmetic are unchanged. Fused optimizers: the scaler calls
 ``step()`` with ``optimizer.grad_scale`` and ``optimizer.found_inf`` set; the monitor reads them
-itself (see ``Monitor.run``). Source: ``torch/amp/grad_scaler.py`` (torch 2.13).
+itself (:func:`skips`, ``Monitor.run``). Source: ``torch/amp/grad_scaler.py`` (torch 2.13).
 """
 
 from __future__ import annotations
@@ -36,3 +36,9 @@ def install() -> None:
 
     setattr(_maybe_opt_step, _MARK, True)
     scaler_cls._maybe_opt_step = _maybe_opt_step  # type: ignore[method-assign]  # the patch itself
+
+
+def skips(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether a GradScaler calls this step of a fused optimizer only to skip it (``found_inf`` set)."""
+    found_inf = getattr(optimizer, "found_inf", None)
+    return found_inf is not None and bool(found_inf)

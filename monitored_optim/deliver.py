@@ -7,7 +7,9 @@ the dashboards grouped by depth (:mod:`monitored_optim.grouping`).
 
 from __future__ import annotations
 
+import atexit
 import functools
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from . import distributed, grouping
@@ -48,24 +50,26 @@ class Delivery:
         self.backends = Fanout(settings.backends, settings.logdir, settings.strict, settings.sinks)
         self._described: tuple[str, ...] = ()
         self._told_budget = Once()
+        check_shared(settings, [other.settings for other in list(_LIVE)])
+        _LIVE.add(self)
 
     def send(self, step: int, figures: dict[str, float], roster: Any,
-             hists: dict[str, Histogram] | None = None) -> bool:
+             hists: dict[str, Histogram] | None = None) -> None:
         """Make ``figures`` (tags without the prefix) the ``latest`` of ``step`` and record them; on the
         writing rank, write ``params.json`` when the parameters changed and send them to the backends.
 
         ``roster``: the step's parameters (``names``, ``shapes``, ``dtypes``); ``hists``: the step's
         histograms, tag (without the prefix) -> histogram (:func:`monitored_optim.histograms.of`), kept
-        as ``histograms`` and sent after the figures. Returns whether this rank wrote (its
-        backends are open)."""
+        as ``histograms`` and sent after the figures."""
         prefix = self.settings.prefix
         self.latest = {prefix + tag: value for tag, value in figures.items()} if prefix else figures
         self.histograms = {prefix + tag: counts for tag, counts in (hists or {}).items()}
         self.history.record(step, self.latest)
+        _LIVE.add(self)  # again, after a close()
         if self._writes is None:  # built before torch.distributed was set up, if it ever is
             self._writes = distributed.is_writer()
         if not self._writes:  # under torch.distributed only rank 0 opens and writes backends
-            return False
+            return
         if tuple(roster.names) != self._described and {"tensorboard", "jsonl"} & set(self.settings.backends):
             self._described = tuple(roster.names)
             from .describe import write_shapes
@@ -77,7 +81,6 @@ class Delivery:
         if self.histograms:
             grouped = functools.partial(grouping.summarize_histograms, self.histograms, prefix) if over else None
             self.backends.histograms(self.histograms, step, grouped)
-        return True
 
     def _grouped(self, latest: dict[str, float]) -> dict[str, float]:
         """``latest`` grouped by depth for the dashboards (a step over the tag budget); warns once if
@@ -92,6 +95,17 @@ class Delivery:
     def close(self) -> None:
         """Flush and close the backends (idempotent)."""
         self.backends.close()
+        _LIVE.discard(self)  # a delivery to the same logdir after this one is no clash
+
+
+_LIVE: weakref.WeakSet[Delivery] = weakref.WeakSet()
+"""The deliveries not closed: a new one's settings are checked against theirs; closed at exit."""
+
+
+@atexit.register
+def _close_live() -> None:
+    for delivery in list(_LIVE):
+        delivery.close()
 
 
 def check_shared(settings: Settings, others: list[Settings]) -> None:

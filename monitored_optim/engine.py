@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from . import distributed
+from ._warnings import Once
+from .capture import plan
 from .distributed import deepspeed
 from .figures import group_lrs
 
@@ -28,36 +30,43 @@ def find(monitor: Any, optimizer: torch.optim.Optimizer) -> EngineSteps | None:
 
 
 class Search:
-    """When a monitor looks for a DeepSpeed wrapper: at the first step, and again when a param group
-    leads with a tensor the optimizer was not built with and not yet looked into (DeepSpeed puts its
-    flat buffers there after a first step taken without it).
+    """A monitor's layout: :data:`ALONE` until a DeepSpeed wrapper is found stepping the optimizer.
+
+    It is looked for at the first step, and again when a param group leads with a tensor the optimizer
+    was not built with and not yet looked into (DeepSpeed puts its flat buffers there after a first step
+    taken without it); never again once found.
 
     Attributes:
         born: id -> name of the parameters the optimizer was built with.
+        layout: the layout found (:class:`EngineSteps`), or :data:`ALONE`.
     """
 
     def __init__(self) -> None:
         self.born: dict[int, str] = {}
-        self._looked: set[int] = set()  # ids of tensors that led a param group when none was found
+        self.layout: EngineSteps | Alone = ALONE
+        self._looked: set[int] | None = None  # ids of tensors that led a param group when none was found
 
-    def due(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Whether to look again: a param group leads with a tensor neither born nor looked into."""
-        return any(group["params"] and id(group["params"][0]) not in self.born
-                   and id(group["params"][0]) not in self._looked for group in optimizer.param_groups)
+    def layout_of(self, monitor: Any, optimizer: torch.optim.Optimizer) -> EngineSteps | Alone:
+        """The layout that steps ``optimizer`` now, looked for where due."""
+        if self.layout is ALONE and self._due(optimizer):
+            found = find(monitor, optimizer)
+            if found is None:
+                leads = (id(group["params"][0]) for group in optimizer.param_groups if group["params"])
+                self._looked = (self._looked or set()) | set(leads)
+            self.layout = found or ALONE
+        return self.layout
 
-    def missed(self, optimizer: torch.optim.Optimizer) -> Literal[False]:
-        """Note the tensors that lead the param groups now, where no wrapper was found; returns False."""
-        self._looked.update(id(group["params"][0]) for group in optimizer.param_groups if group["params"])
-        return False
+    def _due(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether to look (again): the first step, or a param group leads with a tensor neither born
+        nor looked into."""
+        looked = self._looked
+        return looked is None or any(group["params"] and id(group["params"][0]) not in self.born
+                                     and id(group["params"][0]) not in looked for group in optimizer.param_groups)
 
 
 class Alone:
     """The layout of an optimizer that steps its param groups itself, each tensor a parameter: the
     trivial one, beside :class:`EngineSteps` (whose methods of the same names answer for DeepSpeed)."""
-
-    names_mapped = False
-    """Whether the layout maps the stepped tensors to named parameters itself (else a param group
-    whose names and tensors differ in number is warned about)."""
 
     @staticmethod
     def source(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -75,8 +84,15 @@ class Alone:
         """The model's parameters that ``optimizer`` steps."""
         return [p for group in optimizer.param_groups for p in group["params"]]
 
+    @staticmethod
+    def tell_unmapped(optimizer: torch.optim.Optimizer, told: Once) -> None:
+        """Warn once about a param group whose names and tensors differ in number
+        (:func:`~monitored_optim.capture.plan.tell_unmapped`)."""
+        plan.tell_unmapped(optimizer, told)
+
 
 ALONE = Alone()
+"""The layout of every optimizer that steps its own param groups."""
 
 
 class EngineSteps:
@@ -91,12 +107,9 @@ class EngineSteps:
             ends with the base step of the wrapper's last flat buffer.
     """
 
-    names_mapped = True
-    """DeepSpeed's flat buffers are mapped to the named parameters by ``layout``."""
-
     def __init__(self, monitor: Any, optimizer: torch.optim.Optimizer, wrapper: Any, inside: bool) -> None:
         self._monitor = weakref.ref(monitor)
-        self.layout = deepspeed.Layout(wrapper, monitor._search.born, monitor._model_names)
+        self.layout = deepspeed.Layout(wrapper, monitor._search.born, monitor._models.names)
         self._pending: Any = None  # a logging step in progress
         self._calls = 0  # base steps called during the wrapper's step
         self._last: int | None = None  # id of the flat buffer that ends the step found inside
@@ -153,6 +166,10 @@ class EngineSteps:
         """The learning rates of the param groups the capture reads: DeepSpeed's flat buffers (its
         sub-groups at stage 3)."""
         return group_lrs(groups)
+
+    @staticmethod
+    def tell_unmapped(optimizer: torch.optim.Optimizer, told: Once) -> None:
+        """Nothing: DeepSpeed's flat buffers are mapped to the named parameters by ``layout``."""
 
     def model_params(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         """The model's parameters in the wrapper's flat buffers (``optimizer``: unused, as it steps them)."""

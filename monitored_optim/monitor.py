@@ -18,23 +18,23 @@ these stages, each a call into the module that owns it:
 
 from __future__ import annotations
 
-import atexit
 import weakref
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from . import amp, backends, distributed, engine, families, histograms, host, pieces, stats, usage
 from ._warnings import Once
 from .capture import Capture, closure_is_first, closure_of, with_grads_of_closure
-from .capture.plan import Entries, born, tell_unmapped
+from .capture.plan import Entries, born
 from .capture.spent import stage
 from .config import MonitorConfig, Settings, resolve
 from .count import StepCount
-from .deliver import Delivery, check_shared
+from .deliver import Delivery
 from .figures import Figures, group_lrs, tensor_lrs
 from .health import Health
+from .models import Models
 from .readback import ReadBack
 from .updates import View, view_for
 from .updates.view import bind
@@ -68,27 +68,19 @@ class Monitor(ReadBack):
         self._closure_first = closure_is_first(optimizer_cls)
         self._count = StepCount()
         self._told = Once()  # unnamed and unmapped parameters
-        self._told_left_out = Once()  # heads of piece keys
         self.base_calls = 0
         self.health = Health()
         chosen = families.build(self.settings.figures)
-        self._reductions = pieces.declared(chosen)  # head of each piece key -> its reduction
-        self._piece_keys = pieces.keys(chosen)  # the sharded table's rows per parameter
-        self.capture = Capture(self.view, self.settings, chosen, self._reductions)
+        self._keys = pieces.keys(chosen)  # every piece key and its reduction: the sharded table's rows
+        self.capture = Capture(self.view, self.settings, chosen, self._keys.heads)
         self._figures = Figures(self.settings, chosen, self.health, self.capture.held)  # no cycle through self
         self._delivery = Delivery(self.settings)
         self._optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None
         self._ranks = distributed.Ranks()  # the names every rank monitors, once exchanged
-        self._engine: engine.EngineSteps | Literal[False] | None = None  # DeepSpeed's steps once found, False: none
-        self._layout: engine.EngineSteps | engine.Alone = engine.ALONE
-        self._search = engine.Search()  # when to look for DeepSpeed's wrapper (again)
+        self._search = engine.Search()  # the layout: one optimizer alone, until DeepSpeed's wrapper is found
         self._usage = usage.Usage(optimizer_cls.__name__)
-        weakref.finalize(self, usage.UNSTEPPED.append, self._usage)  # told at exit if it was never stepped
-        self._watched: list[weakref.ref[torch.nn.Module]] = []
-        self._model_names: dict[int, str] = {}
+        self._models = Models()  # the names of parameters after the models, and the models watched
         weakref.finalize(self, self._delivery.close)  # a monitor collected unclosed closes its files
-        check_shared(self.settings, [other.settings for other in list(_ALL)])
-        _ALL.add(self)
         amp.install()
 
     @property
@@ -129,13 +121,13 @@ class Monitor(ReadBack):
         self.capture.use(self.view)
         watched = self.config.model if self.config is not None else None
         for m in (m for m in (watched, model) if m is not None):
-            self._name_after(m)
+            self._models.name_after(m)
         told = self._told if wrapper is None else None  # DeepSpeed's flat buffers are named by its layout
-        every, chosen = born(optimizer, self._model_names, self.settings.select, told)
+        every, chosen = born(optimizer, self._models.names, self.settings.select, told)
         self._search.born = {id(p): n for n, p in every}
         self.capture.risk.mark_when_built(chosen)
         if wrapper is not None:
-            self._engine = self._layout = engine.EngineSteps(self, optimizer, wrapper, inside=False)
+            self._search.layout = engine.EngineSteps(self, optimizer, wrapper, inside=False)
         if watched is not None:
             self.watch(watched)
 
@@ -156,16 +148,9 @@ class Monitor(ReadBack):
         """
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"watch() expects a torch.nn.Module, got {type(model).__name__}")
-        self._watched.append(weakref.ref(model))
-        self._name_after(model)
-        optimizer = self._optimizer()
-        return self.health.check_watched(model, self._layout.model_params(optimizer)) if optimizer is not None else []
-
-    def _name_after(self, model: torch.nn.Module) -> None:
-        """Name the parameters ``model`` holds as ``model.named_parameters()`` does (a name known
-        before stays)."""
-        for name, p in model.named_parameters():
-            self._model_names.setdefault(id(p), name)
+        self._models.watch(model)
+        optimizer, layout = self._optimizer(), self._search.layout
+        return [] if optimizer is None else self.health.check_watched(model, layout.model_params(optimizer))
 
     def run(self, optimizer: torch.optim.Optimizer, step_fn: Callable[..., Any],
             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -180,14 +165,11 @@ class Monitor(ReadBack):
         """
         if not self._usage.stepped:
             self._usage.stepped = usage.ANY.stepped = True
-        if self._engine is None or self._engine is False and self._search.due(optimizer):
-            self._engine = engine.find(self, optimizer) or self._search.missed(optimizer)
-            self._layout = self._engine or engine.ALONE
-        if self._engine:
-            return self._engine.call(optimizer, step_fn, args, kwargs)
+        layout = self._search.layout_of(self, optimizer)
+        if isinstance(layout, engine.EngineSteps):
+            return layout.call(optimizer, step_fn, args, kwargs)
         self.base_calls += 1
-        found_inf = getattr(optimizer, "found_inf", None)
-        if found_inf is not None and bool(found_inf):  # a fused optimizer under GradScaler, skipped
+        if amp.skips(optimizer):  # a fused optimizer under GradScaler
             self.skipped()
             return step_fn(optimizer, *args, **kwargs)
         pending = self.begin(optimizer)
@@ -202,7 +184,7 @@ class Monitor(ReadBack):
 
     @torch.compiler.disable
     def _open(self, optimizer: torch.optim.Optimizer, layout: Any) -> Pending:
-        return Pending(distributed.sharding(optimizer, layout), stats.Batch(Workspace()))
+        return Pending(optimizer, distributed.sharding(optimizer, layout), stats.Batch(Workspace()))
 
     def part(self, optimizer: torch.optim.Optimizer, pending: Pending | None, step_fn: Callable[..., Any],
              args: tuple[Any, ...], kwargs: dict[str, Any], groups: set[int] | None = None
@@ -232,14 +214,12 @@ class Monitor(ReadBack):
                 groups: set[int] | None = None) -> tuple[Entries, tuple[Any, ...], dict[str, Any]]:
         """Stage 2: the capture before a base step (of the param groups ``groups``, None: all); returns
         the entries it made and the step's arguments, a closure wrapped to record the grads it makes."""
-        optimizer, sharding = self._optimizer(), pending.sharding
-        assert optimizer is not None  # the optimizer being stepped, alive
-        if not self._layout.names_mapped:
-            tell_unmapped(optimizer, self._told)
-        grad_scale = getattr(optimizer, "grad_scale", None)
+        sharding = pending.sharding
+        self._search.layout.tell_unmapped(pending.optimizer, self._told)
+        grad_scale = getattr(pending.optimizer, "grad_scale", None)
         fuse = self.capture.may_fuse(sharding is not None, grad_scale, closure_of(args, kwargs, self._closure_first))
-        entries = self.capture.before(optimizer if sharding is None else sharding.local, pending.batch, grad_scale,
-                                      self._model_names, split=sharding is None, fuse=fuse,
+        entries = self.capture.before(pending.read, pending.batch, grad_scale,
+                                      self._models.names, split=sharding is None, fuse=fuse,
                                       cloned=sharding.cloned(self.view) if sharding is not None else frozenset(),
                                       groups=groups)
         pending.entries.extend(entries)
@@ -249,9 +229,7 @@ class Monitor(ReadBack):
     @stage()
     def _after(self, pending: Pending, entries: Entries) -> None:
         """Stage 4: the capture after a base step, of the ``entries`` taken before it."""
-        read = self._optimizer() if pending.sharding is None else pending.sharding.local
-        assert read is not None  # the optimizer being stepped, alive
-        self.capture.after(read.state, entries, pending.batch)
+        self.capture.after(pending.read.state, entries, pending.batch)
 
     @stage(last=True)
     def _finish(self, optimizer: torch.optim.Optimizer, pending: Pending) -> None:
@@ -260,51 +238,41 @@ class Monitor(ReadBack):
         sharding, entries = pending.sharding, pending.entries
         self.capture.finish(entries)
         roster = self.capture.roster(entries, None if sharding is None else sharding.shape)
-        source = self._layout.source(optimizer)
+        source = self._search.layout.source(optimizer)
         lr_values = tensor_lrs(source)
         hosted, read_lrs, reduced = host.gather(entries, roster, pending.batch.finish(), lr_values, sharding,
-                                                self._piece_keys, self._ranks, self.capture.spent.so_far())
-        if sharding is not None:
-            distributed.tell_left_out(sharding.left_out, self._reductions, self._told_left_out)
+                                                self._keys, self._ranks, self.capture.spent.so_far())
         lrs = group_lrs(source.param_groups, dict(zip(lr_values, read_lrs)))
-        groups = (optimizer if sharding is None else sharding.local).param_groups
+        groups = pending.read.param_groups
         everyone = roster if reduced is None else roster.joined(reduced.remote, reduced.names)
-        local = self._layout.local_lrs(groups)
+        local = self._search.layout.local_lrs(groups)
         figures = self._figures.compute(self.step, everyone, hosted, source, lrs, groups, local)
         self.capture.remember(roster, hosted if everyone is roster else hosted.head(len(roster.names)))
         figures.update(self.capture.spent.figures(self.settings.figures, None if reduced is None else reduced.cost))
         self._count.logged = self.step
-        _ALL.add(self)
-        if self._delivery.send(self.step, figures, everyone, histograms.of(everyone.names, hosted.pieces)):
-            _OPEN.add(self)
-        for model in filter(None, (ref() for ref in self._watched)):
-            self.health.check_watched(model, self._layout.model_params(optimizer))
+        self._delivery.send(self.step, figures, everyone, histograms.of(everyone.names, hosted.pieces))
+        for model in self._models.watched():
+            self.health.check_watched(model, self._search.layout.model_params(optimizer))
 
     def close(self) -> None:
-        """Flush and close the backends, let go of the parameters held (idempotent; run at exit too)."""
+        """Flush and close the backends, let go of the parameters held (idempotent; the backends of a monitor
+        not closed are closed at exit)."""
         self.capture.release()
         self._delivery.close()
         usage.tell_unstepped([self._usage])
-        _OPEN.discard(self)
-        _ALL.discard(self)  # a monitor resumed into the same logdir after this one is no clash
 
 
 class Pending:
-    """A logging step in progress: its sharding (None outside torch.distributed), its batch of sums and
-    the entries captured so far."""
+    """A logging step in progress: the optimizer stepped, its sharding (None outside torch.distributed),
+    its batch of sums and the entries captured so far."""
 
-    __slots__ = ("sharding", "batch", "entries")
+    __slots__ = ("optimizer", "sharding", "batch", "entries")
 
-    def __init__(self, sharding: distributed.Sharding | None, batch: stats.Batch) -> None:
-        self.sharding, self.batch, self.entries = sharding, batch, Entries()
+    def __init__(self, optimizer: torch.optim.Optimizer, sharding: distributed.Sharding | None,
+                 batch: stats.Batch) -> None:
+        self.optimizer, self.sharding, self.batch, self.entries = optimizer, sharding, batch, Entries()
 
-
-_OPEN: "weakref.WeakSet[Monitor]" = weakref.WeakSet()
-_ALL: "weakref.WeakSet[Monitor]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all() -> None:
-    for monitor in list(_OPEN):
-        monitor.close()
-    usage.tell_unstepped([monitor._usage for monitor in list(_ALL)] + usage.UNSTEPPED)
+    @property
+    def read(self) -> Any:
+        """The optimizer whose param groups and state the capture reads (the sharding's ``local`` one)."""
+        return self.optimizer if self.sharding is None else self.sharding.local

@@ -127,7 +127,7 @@ def _pickling(base: type[torch.optim.Optimizer]) -> tuple[Any, Any]:
         config = self.monitor.config
         state["_monitor_config"] = dataclasses.replace(config, model=None) if config is not None else None
         state["_monitor_step"] = self.monitor.step
-        known = self.monitor._model_names  # a watched model's names, by position (the model is not saved)
+        known = self.monitor._models.names  # a watched model's names, by position (the model is not saved)
         state["_monitor_names"] = [[known.get(id(p)) for p in group["params"]] for group in self.param_groups]
         return state
 
@@ -141,7 +141,7 @@ def _pickling(base: type[torch.optim.Optimizer]) -> tuple[Any, Any]:
         if saved:
             self._monitor = _rebuilt_monitor(config, base)
             self._monitor.step = count
-            self._monitor._model_names.update((id(p), name) for group, own in zip(self.param_groups, names)
+            self._monitor._models.names.update((id(p), name) for group, own in zip(self.param_groups, names)
                                               for p, name in zip(group["params"], own) if name is not None)
             self._monitor.attach(self)
 

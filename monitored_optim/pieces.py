@@ -46,21 +46,18 @@ def head(key: str) -> str:
     return key.split(":", 1)[0]
 
 
-def declared(families: Iterable[object]) -> dict[str, str]:
-    """Head -> reduction of every key: :data:`CORE` and each family's ``pieces``."""
-    out = dict(CORE)
-    for fam in families:
-        out.update({head(key): how for key, how in getattr(fam, "pieces", {}).items()})
-    return out
-
-
 class Keys(dict):
     """Every full key -> its reduction, in the order of the sharded table's rows (``"p"`` first), and
-    each SUM key's width: how many values a parameter's piece holds (:meth:`width`)."""
+    each SUM key's width: how many values a parameter's piece holds (:meth:`width`).
+
+    Attributes:
+        heads: the head of every key (:func:`head`) -> its reduction.
+    """
 
     def __init__(self, how: dict[str, str], widths: Mapping[str, int] | None = None) -> None:
         super().__init__(how)
         self.widths = dict(widths or {})
+        self.heads = {head(key): reduction for key, reduction in how.items()}
 
     def width(self, key: str) -> int:
         """Values per parameter of ``key`` (1 unless declared; a NORM piece's two norms count as one)."""

@@ -1,7 +1,7 @@
 """What a monitor shows of its run in a notebook: its plan, its in-memory history, the report's figure and table.
 
 ``ReadBack`` is the part of :class:`~monitored_optim.monitor.Monitor` that reads back (it
-uses the monitor's ``_optimizer``, ``_model_names``, ``_delivery`` and ``settings``); none of it
+uses the monitor's ``_optimizer``, ``_models``, ``_delivery`` and ``settings``); none of it
 runs during a step.
 """
 
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from .config import Settings
     from .deliver import Delivery
+    from .models import Models
 
 
 class ReadBack:
@@ -27,7 +28,7 @@ class ReadBack:
     settings: Settings
     _delivery: Delivery
     _optimizer: Callable[[], torch.optim.Optimizer | None]
-    _model_names: dict[int, str]
+    _models: Models
 
     @property
     def latest(self) -> dict[str, float]:
@@ -56,7 +57,7 @@ class ReadBack:
         optimizer = self._optimizer()
         if optimizer is None:
             raise RuntimeError("monitored_optim: the optimizer of this monitor no longer exists")
-        return describe(self, optimizer, self._model_names)
+        return describe(self, optimizer, self._models.names)
 
     def history(self) -> Any:
         """The figures of the logging steps kept in memory, as a pandas ``DataFrame``.
@@ -105,7 +106,7 @@ class ReadBack:
         from .describe import kind
 
         optimizer = self._optimizer()
-        groups = [] if optimizer is None else zip(optimizer.param_groups, _names(optimizer, self._model_names))
+        groups = [] if optimizer is None else zip(optimizer.param_groups, _names(optimizer, self._models.names))
         kinds = {self.settings.prefix + n: kind(p) for group, names in groups for n, p in zip(names, group["params"])}
         label = type(optimizer).__name__ if optimizer is not None else "run"
         return self._delivery.history.run(Path(self.settings.prefix + label), kinds)

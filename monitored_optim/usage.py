@@ -7,6 +7,7 @@ None)``; the monitored one is then never stepped and nothing is logged, silently
 
 from __future__ import annotations
 
+import atexit
 import sys
 
 from ._warnings import warn
@@ -19,12 +20,13 @@ class Usage:
 
     def __init__(self, label: str) -> None:
         self.label, self.built, self.stepped, self.told = label, False, False, False
+        EVERY.append(self)
 
 
+EVERY: list[Usage] = []
+"""The usages of every monitor of this process, alive or not (told about at exit if never stepped)."""
 ANY = Usage("any")
 """Whether any monitored optimizer of this process was stepped."""
-UNSTEPPED: list[Usage] = []
-"""The usages of the monitors collected so far (told about at exit if never stepped)."""
 
 
 TRAINERS = ("transformers", "deepspeed", "lightning", "accelerate")
@@ -42,6 +44,11 @@ def tell_unstepped(usages: list[Usage]) -> None:
         u.told = True
     warn(f"monitored_optim: {len(idle)} monitored optimizer(s) ({', '.join(sorted({u.label for u in idle}))}) were "
          f"built but never stepped, so nothing was logged; {advice()}", RuntimeWarning)
+
+
+@atexit.register
+def _tell_at_exit() -> None:
+    tell_unstepped(EVERY)
 
 
 def advice() -> str:

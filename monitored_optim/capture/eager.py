@@ -31,7 +31,7 @@ class Eager:
         view: the monitor's update view.
         verify: verify mode (``MonitorConfig.verify``): compare each rebuilt update with a clone.
         families: the figure families whose ``part`` hook sees each stored change.
-        reductions: key head -> reduction of every device piece (:func:`monitored_optim.pieces.declared`).
+        reductions: key head -> reduction of every device piece (``heads`` of :class:`monitored_optim.pieces.Keys`).
         centring: the centring rule's memory.
     """
 

@@ -210,7 +210,8 @@ class Sharding:
 
     def reduce(self, entries: list[Any], keys: Keys, ranks: Ranks,
                cost: tuple[float, float] = (0.0, 0.0)) -> Reduced:
-        """Global host values of every entry's pieces: one ``all_reduce`` (:func:`.table.reduce`).
+        """Global host values of every entry's pieces: one ``all_reduce`` (:func:`.table.reduce`); warns
+        once per key head about the pieces it left out (:func:`tell_left_out`).
 
         Args:
             entries: the monitor's lead entries, in ``local`` order (``.name``, ``.p``, ``.pieces``).
@@ -226,7 +227,9 @@ class Sharding:
                 if e.p.grad is not None:
                     e.pieces["grad"] = stats.moments(e.p.grad)
         local = [Remote(e.name, tuple(self.shape(e.p)), str(e.p.dtype), self._whole(e.p)) for e in entries]
-        return reduce(entries, local, [self._held[id(e.p)] for e in entries], keys, ranks, self.left_out, cost)
+        reduced = reduce(entries, local, [self._held[id(e.p)] for e in entries], keys, ranks, self.left_out, cost)
+        tell_left_out(self.left_out, keys.heads, ranks.left_out)
+        return reduced
 
 
 def tell_left_out(keys: set[str], reductions: dict[str, str], told: Once) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from .._warnings import warn
+from .._warnings import Once, warn
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class Ranks:
         block: union name -> its block of rows in the table (in rank order, the same on every rank).
         remote: the union's parameters that this rank does not monitor, as :class:`Remote`, in order.
         fingerprint: a checksum of the union (the same on every rank), as a float.
+        left_out: the heads of the piece keys the reduction left out and warned about.
     """
 
     local: tuple[str, ...] | None = None
@@ -55,6 +56,7 @@ class Ranks:
     block: dict[str, int] = field(default_factory=dict)
     remote: list[Remote] = field(default_factory=list)
     fingerprint: float = 0.0
+    left_out: Once = field(default_factory=Once)
 
     def exchange(self, local: list[Remote]) -> None:
         """Exchange this rank's names with every rank (one ``all_gather_object``; call on every rank)."""

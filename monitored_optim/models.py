@@ -1,0 +1,34 @@
+"""The models a monitor names the optimizer's parameters after, and those it watches."""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+
+class Models:
+    """The names of parameters after the models that hold them, and the models watched.
+
+    Attributes:
+        names: id of a parameter -> its name as the first model that holds it gives it
+            (``model.named_parameters()``; a name known before stays).
+    """
+
+    def __init__(self) -> None:
+        self.names: dict[int, str] = {}
+        self._watched: list[weakref.ref[torch.nn.Module]] = []
+
+    def name_after(self, model: torch.nn.Module) -> None:
+        """Name the parameters ``model`` holds as ``model.named_parameters()`` does."""
+        for name, p in model.named_parameters():
+            self.names.setdefault(id(p), name)
+
+    def watch(self, model: torch.nn.Module) -> None:
+        """Name the parameters after ``model``, and keep it (weakly) among the models watched."""
+        self._watched.append(weakref.ref(model))
+        self.name_after(model)
+
+    def watched(self) -> list[torch.nn.Module]:
+        """The models watched that are alive."""
+        return [model for model in (ref() for ref in self._watched) if model is not None]
