@@ -109,14 +109,15 @@ def reduce(entries: list[Any], local: list[Remote], held: list[Held], keys: Keys
     """
     if ranks.local is None:
         ranks.exchange(local)
+    world, rank, device = dist.get_world_size(), dist.get_rank(), _default_device()
     for attempt in range(2):
         changed = tuple(r.name for r in local) != ranks.local
         local_error: Exception | None = None
         try:
-            table = _table(entries, held, keys, ranks, changed, left_out, cost)
+            table = build(entries, held, keys, ranks, changed, left_out, cost, world, rank, device)
         except Exception as err:  # join the collective anyway: a rank that skips it hangs the job
             local_error = err
-            table = _empty(keys, len(ranks.block), ranks.fingerprint, _default_device(), changed, cost)
+            table = _empty(keys, len(ranks.block), ranks.fingerprint, device, changed, cost, world, rank)
             table[0, 3] = 1.0
         dist.all_reduce(table, op=dist.ReduceOp.SUM)
         host = table.tolist() if table.device.type == "cpu" else table.cpu().tolist()
@@ -129,31 +130,32 @@ def reduce(entries: list[Any], local: list[Remote], held: list[Held], keys: Keys
             ranks.exchange(local)  # every rank saw the flag: every rank exchanges
             continue
         f = ranks.fingerprint
-        if changes or count != dist.get_world_size() or f_sum != count * f or f_sq != count * f * f:
+        if changes or count != world or f_sum != count * f or f_sq != count * f * f:
             raise RuntimeError(
                 "monitored_optim: the ranks of the default process group disagree on the parameters they "
                 "monitor, so figures cannot be combined. Every rank must step its monitored optimizer on the "
                 "same steps, with names that mean the same parameter on every rank that holds it.")
-        reduced = Reduced(host, ranks, keys, dist.get_world_size())
+        reduced = Reduced(host, ranks, keys, world)
         reduced.cost = (copied, seconds / count)
         return reduced
     raise AssertionError("unreachable")
 
 
-def _table(entries: list[Any], held: list[Held], keys: Keys, ranks: Ranks, changed: bool,
-           left_out: set[str], cost: tuple[float, float]) -> Tensor:
-    """This rank's table, shape ``(HEADER + K·P, 4)`` float64 (K rows per parameter, :func:`rows`; P
-    parameters in the union). Row 0: ``(1, f, f², failed)``; row 1: ``(changed, bytes copied, host
-    seconds, 0)``. Per parameter block b, from row ``HEADER + Kb``, the keys' rows in order, columns
-    by reduction: MOMENTS ``(w·n, w·Σx, w·Σx², present)``, SUM and WHOLE ``(w·c, 0, 0, present)``
-    (a wide SUM piece ``(w·c_3j, w·c_3j+1, w·c_3j+2, present)`` in its j-th row), NORM
-    ``(w·a², w·b², 0, present)``; ``present`` is 1 where the rank had the piece (unweighted); a MIN
-    or MAX piece the value (MIN: negated) in this rank's slot r of its rows (row ``r // 3``, column
-    ``r % 3``), -inf there where it has none or its piece weighs 0, zeros in the other ranks' slots.
-    A rank whose names ``changed`` since the exchange sends only its header (and its -inf slots).
-    Built with one stack of the pieces, two small host-to-device copies and a scatter of each kind."""
-    at, per = rows(keys, dist.get_world_size())
-    rank = dist.get_rank()
+def build(entries: list[Any], held: list[Held], keys: Keys, ranks: Ranks, changed: bool, left_out: set[str],
+          cost: tuple[float, float], world: int, rank: int, device: torch.device) -> Tensor:
+    """Rank ``rank``'s table in a world of ``world`` (no collective: the world's tables sum to the reduction).
+
+    Shape ``(HEADER + K·P, 4)`` float64 (K rows per parameter, :func:`rows`; P parameters in the
+    union), on its pieces' device, else ``device``. Row 0: ``(1, f, f², failed)``; row 1: ``(changed, bytes
+    copied, host seconds, 0)``. Per parameter block b, from row ``HEADER + Kb``, the keys' rows in order,
+    columns by reduction: MOMENTS ``(w·n, w·Σx, w·Σx², present)``, SUM and WHOLE ``(w·c, 0, 0, present)`` (a
+    wide SUM piece ``(w·c_3j, w·c_3j+1, w·c_3j+2, present)`` in its j-th row), NORM ``(w·a², w·b², 0,
+    present)``; ``present`` is 1 where the rank had the piece (unweighted); a MIN or MAX piece the value (MIN:
+    negated) in this rank's slot r of its rows (row ``r // 3``, column ``r % 3``), -inf there where it has none
+    or its piece weighs 0, zeros in the other ranks' slots. A rank whose names ``changed`` since the exchange
+    sends only its header (and its -inf slots). Built with one stack of the pieces, two small host-to-device
+    copies and a scatter of each kind; the other arguments as :func:`reduce`'s."""
+    at, per = rows(keys, world)
     values, meta, wide, wide_meta = [], [], [], []  # meta per piece: (table row, w·n, w, n > 0, reduction code)
     slotted, slots = [], []  # MIN and MAX pieces, and each one's (row, column)
     for e, h in zip(entries, held):
@@ -178,8 +180,8 @@ def _table(entries: list[Any], held: list[Held], keys: Keys, ranks: Ranks, chang
                 continue
             values.append(value.reshape(-1))
             meta.append((row, w * n, w, float(n > 0), CODE[how]))
-    device = next((v[0].device for v in (values, wide, slotted) if v), None) or _default_device()
-    table = _empty(keys, len(ranks.block), ranks.fingerprint, device, changed, cost)
+    device = next((v[0].device for v in (values, wide, slotted) if v), None) or device
+    table = _empty(keys, len(ranks.block), ranks.fingerprint, device, changed, cost, world, rank)
     if wide:
         _put_wide(table, wide, wide_meta)
     if slotted:
@@ -233,10 +235,9 @@ def _put_wide(table: Tensor, values: list[Tensor], meta: list[tuple[int, int, fl
 
 
 def _empty(keys: Keys, blocks: int, fingerprint: float, device: torch.device, changed: bool,
-           cost: tuple[float, float] = (0.0, 0.0)) -> Tensor:
+           cost: tuple[float, float], world: int, rank: int) -> Tensor:
     """A table of ``blocks`` parameter blocks (:func:`rows`) after the two header rows, zeros but
-    the header and this rank's -inf in its slot of every MIN and MAX key of every block (none yet)."""
-    world, rank = dist.get_world_size(), dist.get_rank()
+    the header and rank ``rank``'s -inf in its slot of every MIN and MAX key of every block (none yet)."""
     at, per = rows(keys, world)
     table = torch.zeros(HEADER + blocks * per, COLUMNS, dtype=torch.float64, device=device)
     table[:HEADER, :3] = torch.tensor([[1.0, fingerprint, fingerprint * fingerprint], [float(changed), *cost]],
