@@ -7,8 +7,9 @@ Modules, one concern each, in the order data flows:
 
 - ``read``: ``load_run(dir) -> Run`` from ``metrics.jsonl`` (preferred, exact) or TensorBoard event
   files (``tensorboard`` package).
+- ``records``: a parameter, its row's figures, the run-wide counts, the healthy band.
 - ``summary``: ``summarize(run, last) -> Summary``, latest values, medians and marks per parameter.
-- ``table``: ``print_report(summary)`` renders it with ``rich``.
+- ``table``: the ``Summary`` and ``print_report(summary)``, which renders it with ``rich``.
 - ``plot``: ``plot_run(run, path)`` (a few parameters' lines and the global norms) and
   ``plot_heatmap(run, path)`` (every parameter) draw it with matplotlib (Agg).
 - ``histograms``: ``load_histograms(dir)`` reads ``histograms.jsonl`` (the ``histograms`` family);
@@ -29,10 +30,10 @@ Example::
 from .errors import ReportError
 from .histograms import Histograms, load_histograms, plot_histograms
 from .plot import draw_run, plot_heatmap, plot_run
-from .read import Run, load_run
-from .summary import (HEALTHY_BAND, REFERENCE, Count, Figure, Layer, Param, Summary, kind_of, parameters, rows_noun,
-                      split_tag, summarize)
-from .table import print_report, render, shorten, to_text
+from .read import Run, load_run, split_tag
+from .records import HEALTHY_BAND, REFERENCE, Count, Figure, Layer, Param
+from .summary import kind_of, parameters, rows_noun, summarize
+from .table import Summary, print_report, render, shorten, to_text
 
 __all__ = ["HEALTHY_BAND", "REFERENCE", "Count", "Figure", "Histograms", "Layer", "Param", "ReportError", "Run",
            "Summary",

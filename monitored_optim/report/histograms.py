@@ -16,7 +16,8 @@ from ..tags import split as split_tag
 from .errors import ReportError, quote, reason, require
 from .plot import _chosen, _drawing, _figure, _label_steps, _save
 from .read import Run, _is_cut
-from .summary import Param, kind_of, rows_noun
+from .records import Param
+from .summary import kind_of, rows_noun
 from .table import shorten
 
 FILE = "histograms.jsonl"

@@ -18,7 +18,8 @@ from pathlib import Path
 from ..grouping import depth_key
 from .errors import ReportError, quote, reason, require
 from .read import Run
-from .summary import HEALTHY_BAND, REFERENCE, Param, kind_of, parameters, rows_noun
+from .records import HEALTHY_BAND, REFERENCE, Param
+from .summary import kind_of, parameters, rows_noun
 from .table import shorten
 
 LINES = 10

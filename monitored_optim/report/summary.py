@@ -7,111 +7,11 @@ from __future__ import annotations
 
 import re
 import statistics
-from dataclasses import dataclass, field
 
 from ..tags import is_series
 from .read import Run, split_tag
-
-HEALTHY_BAND = (-4.0, -2.0)
-"""Update-to-data ratios (log10) inside this closed band count as healthy; -3 is the rule of thumb."""
-REFERENCE = -3.0
-HEALTH = "health"
-"""Kind of the run-wide health counts (``health/no_grad``, ``health/unchanged``, ...)."""
-
-
-@dataclass(frozen=True)
-class Param:
-    """A monitored parameter: its tag ``prefix`` (``""`` or ``"gen/"``) and ``name``."""
-
-    prefix: str
-    name: str
-
-    @property
-    def label(self) -> str:
-        """``prefix + name``, how the report shows it (``fc1.weight``, ``gen/fc1.weight``)."""
-        return self.prefix + self.name
-
-    def tag(self, kind: str) -> str:
-        """The tag of this parameter's ``kind`` figure (``update_to_data/fc1.weight``)."""
-        return f"{self.prefix}{kind}/{self.name}"
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One tag over the window: ``latest`` at the run's last logged step and ``median`` over the
-    window's logged values; either is ``None`` when the tag has no value there."""
-
-    latest: float | None
-    median: float | None
-
-
-@dataclass(frozen=True)
-class Count:
-    """A run-wide ``health/`` count: ``latest`` at the run's last logged step and ``worst``, the
-    maximum over the window; either is ``None`` when the tag has no value there."""
-
-    latest: float | None
-    worst: float | None
-
-
-@dataclass
-class Layer:
-    """One parameter's row.
-
-    Attributes:
-        name: the parameter's label: its name, after the tag prefix if any (``gen/fc1.weight``).
-        update_to_data, grad_to_data: log10 ratios (healthy update-to-data near -3 for matrices).
-        update_norm: L2 norm of the update, in parameter units.
-        kind: ``"matrix"`` (ndim >= 2, embeddings included) or ``"vector"`` (biases, norm gains,
-            scalars): from the run's ``params.json``, else guessed from the name (:func:`kind_of`).
-        marks: short warnings (see :func:`summarize`); empty for a healthy layer.
-    """
-
-    name: str
-    update_to_data: Figure
-    grad_to_data: Figure
-    update_norm: Figure
-    kind: str = "matrix"
-    marks: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Summary:
-    """What the report table shows.
-
-    Attributes:
-        run: the run summarized.
-        window: the logged steps the medians cover (the last ``last`` of ``run.steps``).
-        layers: one :class:`Layer` per parameter in layer order.
-        health: the run-wide ``[prefix/]health/`` counts (``health/no_grad``, ``health/unchanged``,
-            ``health/nonfinite``, ``health/skipped_steps``: numbers of parameters, or of skipped
-            steps) -> :class:`Count`; empty when the run logged none (runs of older versions).
-        globals: ``[prefix/]global/...`` and ``[prefix/]lr/...`` tags -> :class:`Figure`.
-    """
-
-    run: Run
-    window: list[int]
-    layers: list[Layer]
-    health: dict[str, Count]
-    globals: dict[str, Figure]
-
-    def __repr__(self) -> str:
-        """The report table as plain text, 80 columns (:func:`~monitored_optim.report.table.to_text`),
-        or, without ``rich``, the line that says how to install it."""
-        from .errors import ReportError
-        from .table import to_text
-
-        try:
-            return to_text(self)
-        except ReportError as err:
-            return f"<Summary of {len(self.layers)} parameters: {err}>"
-
-    def _repr_html_(self) -> str:
-        """The report table as HTML, what Jupyter shows for a summary."""
-        from .table import to_text
-
-        return to_text(self, html=True)
-
+from .records import HEALTH, HEALTHY_BAND, Count, Figure, Layer, Param
+from .table import Summary
 
 def rows_noun(params: list[Param]) -> str:
     """What ``params`` are, for a title: ``"parameters"``, or ``"depth groups"`` where each is a group
@@ -140,10 +40,10 @@ def summarize(run: Run, last: int = 20) -> Summary:
             cover; an int >= 1. Fewer are used when the run logged fewer.
 
     Returns:
-        A :class:`Summary`. Each layer's marks, judged over the window:
+        A :class:`~monitored_optim.report.table.Summary`. Each layer's marks, judged over the window:
 
         - ``below band`` / ``above band``: a matrix's *median* update-to-data ratio is outside
-          :data:`HEALTHY_BAND` (the -3 rule of thumb is about weight matrices);
+          :data:`~monitored_optim.report.records.HEALTHY_BAND` (the -3 rule of thumb is about weight matrices);
         - ``vector``: a vector's ratio, which the band does not judge: a bias or a norm gain has a
           small spread, so its ratio reads higher than a matrix's (-2 to -1 is common); watch its
           trend (a jump, a fall to the floor) instead;

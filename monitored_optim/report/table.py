@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
 from ..grouping import depth_key
-from .errors import require
-from .summary import HEALTHY_BAND, REFERENCE, Count, Summary, split_tag
+from .errors import ReportError, require
+from .read import Run, split_tag
+from .records import HEALTHY_BAND, REFERENCE, Count, Figure, Layer
 
 if TYPE_CHECKING:  # rich is an optional dependency, imported when rendering
     from rich.console import RenderableType
@@ -16,6 +18,41 @@ if TYPE_CHECKING:  # rich is an optional dependency, imported when rendering
 
 WIDTH = 80
 """Columns the report is laid out for when the output is not a terminal (a pipe, a file)."""
+
+
+@dataclass
+class Summary:
+    """What the report table shows.
+
+    Attributes:
+        run: the run summarized.
+        window: the logged steps the medians cover (the last ``last`` of ``run.steps``).
+        layers: one :class:`~monitored_optim.report.records.Layer` per parameter in layer order.
+        health: the run-wide ``[prefix/]health/`` counts (``health/no_grad``, ``health/unchanged``,
+            ``health/nonfinite``, ``health/skipped_steps``: numbers of parameters, or of skipped
+            steps) -> :class:`~monitored_optim.report.records.Count`; empty when the run logged none
+            (runs of older versions).
+        globals: ``[prefix/]global/...`` and ``[prefix/]lr/...`` tags ->
+            :class:`~monitored_optim.report.records.Figure`.
+    """
+
+    run: Run
+    window: list[int]
+    layers: list[Layer]
+    health: dict[str, Count]
+    globals: dict[str, Figure]
+
+    def __repr__(self) -> str:
+        """The report table as plain text, 80 columns (:func:`~monitored_optim.report.table.to_text`),
+        or, without ``rich``, the line that says how to install it."""
+        try:
+            return to_text(self)
+        except ReportError as err:
+            return f"<Summary of {len(self.layers)} parameters: {err}>"
+
+    def _repr_html_(self) -> str:
+        """The report table as HTML, what Jupyter shows for a summary."""
+        return to_text(self, html=True)
 
 
 def render(summary: Summary, width: int = WIDTH) -> list[RenderableType]:
@@ -166,7 +203,7 @@ def print_report(summary: Summary, file: TextIO | None = None) -> None:
 
 def to_text(summary: Summary, width: int = WIDTH, html: bool = False) -> str:
     """:func:`render` laid out in ``width`` columns, as plain text, or as an HTML ``<pre>`` block with
-    the colours inline (what Jupyter shows for a :class:`~monitored_optim.report.summary.Summary`).
+    the colours inline (what Jupyter shows for a :class:`Summary`).
 
     Raises:
         ReportError: ``rich`` is not installed.
