@@ -9,9 +9,9 @@ from typing import Any
 import torch
 
 from ._warnings import warn
-from .capture.fused import SMALL
-from .capture.plan import CLONE, FUSED_COPY, FUSED_REBUILD, SNAPSHOT, Plan, Planned, route
+from .capture.plan import VIEW, Plan, Planned, route
 from .capture.rules import snapshot_reason
+from .capture.spent import FLAT_LABEL
 from .updates import elementwise
 
 
@@ -56,7 +56,7 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, st
     for _group, way, items in plan.groups:
         for item in items:
             if isinstance(item, list):
-                shown.update((id(e.p), f"copied flat (at most {SMALL:,} elements)") for e in item)
+                shown.update((id(e.p), FLAT_LABEL) for e in item)
             else:
                 shown[id(item.p)] = _route(monitor, plan, item, way)
     last = monitor.capture.spent.last
@@ -114,16 +114,11 @@ def _route(monitor: Any, plan: Plan, item: Planned, way: str | None) -> str:
         return "skipped (integer tensor: never stepped)"
     reason = snapshot_reason(p, id(p) in plan.shared, monitor.capture.risky(item.name))
     taken = route(item, way, reason, dense_grad=True)
-    view = type(monitor.view).__name__
-    if taken == CLONE:
-        return f"clone ({item.clone})"
-    if taken in (FUSED_COPY, SNAPSHOT):
-        return f"snapshot ({reason})" + (", fused" if taken == FUSED_COPY else "")
-    if taken == FUSED_REBUILD:
-        return f"view ({view}), fused"
+    if taken.kind != VIEW:
+        return taken.label(type(monitor.view).__name__)
     limit = plan.budget // p.element_size()
     slices = -(-p.numel() // limit) if elementwise(monitor.view) and p.numel() > limit else 1
-    return f"view ({view})" + (f", in {slices} slices" if slices > 1 else "")
+    return taken.label(type(monitor.view).__name__) + (f", in {slices} slices" if slices > 1 else "")
 
 
 def _short(value: Any) -> str:

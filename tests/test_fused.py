@@ -202,15 +202,15 @@ def test_a_non_finite_grad_keeps_the_finite_param_norm(compile, tmp_path):
 
 @pytest.mark.parametrize("sizes", [[], [7], [4096] * 5, [4096, 4096, 4096, 4095, 2, 1], [1000] * 40])
 def test_flat_chunks_are_greedy_consecutive_runs_within_the_budget(sizes):
-    """Every parameter in exactly one chunk, in order; no chunk above FLAT elements; each chunk but
+    """Every parameter in exactly one chunk, in order; no chunk above CHUNK elements; each chunk but
     the last is closed only because the next parameter would not fit."""
     from monitored_optim.capture import fused
 
     chunks = fused.flat_chunks(sizes)
     assert [i for c in chunks for i in c] == list(range(len(sizes)))
     totals = [sum(sizes[i] for i in c) for c in chunks]
-    assert all(t <= fused.FLAT for t in totals)
-    assert all(t + sizes[c.stop] > fused.FLAT for t, c in zip(totals[:-1], chunks[:-1]))
+    assert all(t <= fused.CHUNK for t in totals)
+    assert all(t + sizes[c.stop] > fused.CHUNK for t, c in zip(totals[:-1], chunks[:-1]))
 
 
 def test_a_parameter_that_leaves_the_flat_capture_keeps_its_ratios(tmp_path):

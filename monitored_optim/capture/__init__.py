@@ -37,7 +37,7 @@ from ..config import Settings, every_parameter
 from ..updates import CLONE, View, elementwise, raw_step
 from .eager import Eager, chunks, record_grads
 from .fused import Fused, chunk_flat, dense_grad
-from .plan import (CLONE as CLONE_ROUTE, FUSED_COPY, FUSED_REBUILD, WHOLE, Entries, Entry, Plan, Planned, Roster,
+from .plan import (CLONED, FUSED_COPY, FUSED_REBUILD, Entries, Entry, Plan, Planned, Roster,
                    Stepped, assign_slots, composition, fingerprint, names, route)
 from .rules import RiskMemory, shared, snapshot_reason
 from .spent import FLAT_LABEL, Spent, taken as taken_label
@@ -125,7 +125,7 @@ class Capture:
                 form = self.fused.form(p) if way is not None else None
                 if form != "flat":
                     clone = _CLONE_VIEW if self.view is CLONE else _SHARD if id(p) in cloned else None
-                    items.append(Planned(name, p, form, clone))
+                    items.append(Planned(name, p, form == "whole", clone))
                     continue
                 flat.append(Entry(name, group, p, None, fused=True))
                 if not (items and isinstance(items[-1], list)):
@@ -172,21 +172,20 @@ class Capture:
                 if not (p.is_floating_point() or p.is_complex()):
                     continue  # integer tensors (frozen quantized weights) are never stepped
                 reason = snapshot_reason(p, id(p) in plan.shared, self.risky(item.name))
-                taken = route(item, way, reason, item.form == WHOLE and dense_grad(p))
-                if taken == FUSED_COPY:  # the snapshot rule's copy, taken compiled
+                taken = route(item, way, reason, dense_grad(p))
+                if taken.kind == FUSED_COPY:  # the snapshot rule's copy, taken compiled
                     made = [Entry(item.name, group, p, None, fused=True)]
                     copies += made
-                elif taken == FUSED_REBUILD:  # the view's fused form, its sums after the step
+                elif taken.kind == FUSED_REBUILD:  # the view's fused form, its sums after the step
                     made = [self.eager.entry(item.name, group, Part(p, optimizer.state.get(p, {}), p), None, None,
                                              True)]
                 else:
-                    reason = "clone" if taken == CLONE_ROUTE else reason
+                    reason = "clone" if taken.kind == CLONED else reason
                     made, lead = [], None
                     for part in parts(p, optimizer.state.get(p, {}), cut, self.budget // p.element_size()):
                         made.append(self.eager.entry(item.name, group, part, reason, lead, work=batch.work))
                         lead = lead or made[-1]
-                routes[item.name] = taken_label(taken, item.clone if taken == CLONE_ROUTE else reason,
-                                                type(self.view).__name__, [e.snapshot for e in made])
+                routes[item.name] = taken_label(taken, type(self.view).__name__, [e.snapshot for e in made])
                 entries += made
                 unflat += made
                 blocks.append(made[0])

@@ -2,9 +2,10 @@
 
 Everything here depends on the param groups and the tensors' metadata alone, so a :class:`Plan` is
 kept across logging steps while its :func:`fingerprint` stays the same. Per parameter it holds the
-*form* the fused capture may take (:data:`FLAT`, :data:`WHOLE`, or eager) and whether it must be
-cloned; :func:`route` turns that, with what only a logging step knows (the snapshot rule's verdict,
-a dense grad), into the route the capture takes and :func:`~monitored_optim.describe.describe` shows:
+*form* the fused capture may take (flat, whole, or eager) and whether it must be cloned;
+:func:`route` turns that, with what only a logging step knows (the snapshot rule's verdict, a dense
+grad), into the :class:`Route` the capture takes, :func:`~monitored_optim.describe.describe` shows
+and the ``monitor/`` figures count:
 
 =================  ================================================================================
 route              p_before and u
@@ -14,7 +15,7 @@ route              p_before and u
 ``FUSED_REBUILD``  u rebuilt by the view's fused form, the store's rounding inverted, compiled
 ``SNAPSHOT``       an eager copy of p_before (the snapshot rule's), u = p_after - p_before
 ``VIEW``           u rebuilt by the view, the store's rounding inverted (in parts where large)
-``CLONE``          a clone of p_before: no view for this optimizer, or a shard its view cannot rebuild
+``CLONED``         a clone of p_before: no view for this optimizer, or a shard its view cannot rebuild
 =================  ================================================================================
 """
 
@@ -213,12 +214,30 @@ def fingerprint(optimizer: Stepped, extra: Any) -> list[Any]:
     return key
 
 
-FLAT, FUSED_COPY, FUSED_REBUILD, SNAPSHOT, VIEW, CLONE = (
+FLAT, FUSED_COPY, FUSED_REBUILD, SNAPSHOT, VIEW, CLONED = (
     "flat", "fused copy", "fused rebuild", "snapshot", "view", "clone")
 """The routes (see the module docstring)."""
 
-WHOLE = "whole"
-"""The form of a parameter the fused capture may take whole (where compiling is enabled)."""
+
+class Route(NamedTuple):
+    """The route one parameter takes at a logging step (the module docstring's table), and why.
+
+    Attributes:
+        kind: :data:`FUSED_COPY`, :data:`FUSED_REBUILD`, :data:`SNAPSHOT`, :data:`VIEW` or :data:`CLONED`.
+        reason: the snapshot rule's reason (:func:`~monitored_optim.capture.rules.snapshot_reason`)
+            for a snapshot, why it is cloned for a clone, else None.
+    """
+
+    kind: str
+    reason: str | None
+
+    def label(self, view: str) -> str:
+        """How ``describe()`` and the cost figures name it (``view``: the view's class name):
+        ``clone (why)``, ``snapshot (why)``, ``view (AdamView)``, with ``, fused`` for a fused route."""
+        if self.kind == CLONED:
+            return f"clone ({self.reason})"
+        fused = ", fused" if self.kind in (FUSED_COPY, FUSED_REBUILD) else ""
+        return (f"snapshot ({self.reason})" if self.kind in (SNAPSHOT, FUSED_COPY) else f"view ({view})") + fused
 
 
 class Stepped(Protocol):
@@ -233,16 +252,16 @@ class Stepped(Protocol):
 
 
 class Planned(NamedTuple):
-    """One monitored parameter not captured flat: its name, the tensor, the form the fused capture
-    may take (:data:`WHOLE` or None: eager) and why it is cloned, if it is (None: it is not)."""
+    """One monitored parameter not captured flat: its name, the tensor, whether the fused capture may
+    take it whole (else eager) and why it is cloned, if it is (None: it is not)."""
 
     name: str
     p: Tensor
-    form: str | None
+    whole: bool
     clone: str | None
 
 
-def route(planned: Planned, way: str | None, reason: str | None, dense_grad: bool) -> str:
+def route(planned: Planned, way: str | None, reason: str | None, dense_grad: bool) -> Route:
     """The route of ``planned`` at a logging step (the module docstring's table).
 
     Args:
@@ -253,13 +272,13 @@ def route(planned: Planned, way: str | None, reason: str | None, dense_grad: boo
         dense_grad: whether it has a dense grad at this step (the fused passes read it).
     """
     if planned.clone is not None:
-        return CLONE
-    if planned.form == WHOLE and dense_grad:
+        return Route(CLONED, planned.clone)
+    if planned.whole and dense_grad:
         if reason is not None:
-            return FUSED_COPY
+            return Route(FUSED_COPY, reason)
         if way == "rebuild":
-            return FUSED_REBUILD
-    return SNAPSHOT if reason is not None else VIEW
+            return Route(FUSED_REBUILD, None)
+    return Route(SNAPSHOT, reason) if reason is not None else Route(VIEW, None)
 
 
 @dataclass(eq=False)

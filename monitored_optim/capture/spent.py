@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from .fused import SMALL
+from .plan import FUSED_REBUILD, VIEW, Route
 
 COPIED_BYTES, HOST_SECONDS = "monitor/copied_bytes", "monitor/host_seconds"
 """The tags of the ``monitor`` family."""
@@ -132,12 +133,11 @@ FLAT_LABEL = f"copied flat (at most {SMALL:,} elements)"
 """The route of a small parameter copied with the others of its chunk (``fused.SMALL`` elements at most)."""
 
 
-def taken(route: str, reason: str | None, view: str, snapshots: list[Any]) -> str:
+def taken(route: Route, view: str, snapshots: list[Any]) -> str:
     """The route one parameter took at a logging step, as ``describe()`` shows it.
 
     Args:
-        route: its route (:func:`~monitored_optim.capture.plan.route`: ``"view"``, ``"snapshot"``, ...).
-        reason: the snapshot rule's reason, or for a clone why it is cloned.
+        route: its route (:func:`~monitored_optim.capture.plan.route`).
         view: the view's class name.
         snapshots: the snapshot of each of its parts as the view's ``before`` left it: a
             :class:`~monitored_optim.updates.Cloned` where the view fell back to a copy of p_before,
@@ -145,11 +145,9 @@ def taken(route: str, reason: str | None, view: str, snapshots: list[Any]) -> st
     """
     from ..updates import Cloned, Summed
 
-    if route == "clone":
-        return f"clone ({reason})"
-    if route in ("snapshot", "fused copy"):
-        return f"snapshot ({reason})" + (", fused" if route == "fused copy" else "")
-    base = f"view ({view})" + (", fused" if route == "fused rebuild" else "")
+    base = route.label(view)
+    if route.kind not in (VIEW, FUSED_REBUILD):
+        return base
     n = len(snapshots)
     cloned = sum(isinstance(s, Cloned) for s in snapshots)
     summed = sum(isinstance(s, Summed) for s in snapshots)
