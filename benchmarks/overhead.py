@@ -52,7 +52,7 @@ from memory import allocated_peak  # noqa: E402
 from torch._utils import _flatten_dense_tensors  # noqa: E402
 
 from monitored_optim import Monitored, MonitorConfig  # noqa: E402
-from monitored_optim.capture import fused, store  # noqa: E402
+from monitored_optim.capture import change, fused  # noqa: E402
 from monitored_optim.capture.fused import Fuser  # noqa: E402
 from monitored_optim.updates import view_for  # noqa: E402
 
@@ -173,7 +173,7 @@ def eager_kernels_hooks(opt):
     sum and norm, then the flat chunks' rows (``tests/test_benchmarks.py`` checks u against a clone)."""
     (group,) = opt.param_groups
     params = group["params"]
-    limit = store.budget(sum(p.numel() * p.element_size() for p in params)) // 4
+    limit = change.budget(sum(p.numel() * p.element_size() for p in params)) // 4
     flats, lengths = flat_chunks(params)
     large = [p for p in params if p.numel() > fused.SMALL]
     adam = isinstance(opt, torch.optim.AdamW)

@@ -174,8 +174,8 @@ class EngineSteps:
     def model_params(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         """The model's parameters in the wrapper's flat buffers (``optimizer``: unused, as it steps them)."""
         params: list[torch.Tensor] = []
-        for _, pieces in self.layout.groups():
-            for h in pieces:
+        for _, fragments in self.layout.groups():
+            for h in fragments:
                 assert h.source is not None  # a fragment of a DeepSpeed layout names its parameter
                 params.append(h.source)
         return params

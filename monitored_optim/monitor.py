@@ -9,7 +9,7 @@ these stages, each a call into the module that owns it:
 3. the base step, called once (its hooks fire once);
 4. capture after the step: each stored change u and its sums (``Capture.after``);
 5. reduce: one device-to-host copy, or under ``torch.distributed`` one all_reduce
-   (:func:`monitored_optim.host.gather`, :mod:`monitored_optim.distributed`);
+   (:func:`monitored_optim.reduce.gather`, :mod:`monitored_optim.distributed`);
 6. figures (:class:`~monitored_optim.figures.Figures`), then the capture rules' memories for the
    next logging step (``Capture.remember``);
 7. deliver: ``latest``, the history, ``params.json`` and the backends, on the writing rank
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import amp, backends, distributed, engine, families, histograms, host, pieces, stats, usage
+from . import amp, backends, distributed, engine, families, histograms, pieces, reduce, stats, usage
 from ._warnings import Once
 from .capture import Capture, closure_is_first, closure_of, with_grads_of_closure
 from .capture.plan import Entries, born
@@ -240,7 +240,7 @@ class Monitor(ReadBack):
         roster = self.capture.roster(entries, None if sharding is None else sharding.shape)
         source = self._search.layout.source(optimizer)
         lr_values = tensor_lrs(source)
-        hosted, read_lrs, reduced = host.gather(entries, roster, pending.batch.finish(), lr_values, sharding,
+        hosted, read_lrs, reduced = reduce.gather(entries, roster, pending.batch.finish(), lr_values, sharding,
                                                 self._keys, self._ranks, self.capture.spent.so_far())
         lrs = group_lrs(source.param_groups, dict(zip(lr_values, read_lrs)))
         groups = pending.read.param_groups

@@ -6,7 +6,7 @@ uncentred otherwise: :func:`_centred`), :meth:`Batch.finish` turns every row of 
 ``(mean, m2)`` in float64 at once, with ``m2 = sum((x - mean)^2)``, and :meth:`Moments.host` copies them
 with one copy per device. The element count n stays on the host. From a row:
 ``std = sqrt(m2 / (n - 1))`` (Bessel's correction, as ``torch.std(correction=1)``) and
-``||x||_2 = sqrt(m2 + n * mean^2)`` (both terms >= 0: no cancellation). Rows of disjoint pieces
+``||x||_2 = sqrt(m2 + n * mean^2)`` (both terms >= 0: no cancellation). Rows of disjoint parts
 combine as power sums (Chan, Golub & LeVeque 1979), which is what sharded training needs
 (``distributed.py``).
 """
@@ -171,7 +171,7 @@ class Batch:
         Args:
             xs: floating or complex tensors of any shapes and devices (see :func:`moments`).
             centre: per tensor, whether to take the centred pass
-                (:attr:`~monitored_optim.host.MomentTable.needs_centring`).
+                (:attr:`~monitored_optim.reduce.MomentTable.needs_centring`).
             scale: see :data:`Scale`; sums are linear, so the factor is applied when finishing.
             scratch: per tensor (or for all), whether it is a temporary that the sums may
                 overwrite; one that takes no centred pass is summed about its first element
@@ -430,5 +430,5 @@ def _dense_real(x: Tensor) -> Tensor:
 
 
 KINDS = ("p", "grad", "u")
-"""The kinds of a logging step's :class:`~monitored_optim.host.MomentTable`, in its columns: p_before,
+"""The kinds of a logging step's :class:`~monitored_optim.reduce.MomentTable`, in its columns: p_before,
 its grad, its update."""

@@ -16,7 +16,7 @@ class Workspace:
     first one freed has raised the dynamic mmap threshold, and the small allocations split its
     hole, so that the next temporary does not fit there and the heap grows. Two buffers per dtype
     and device, of ``nbytes`` each (the chunk budget,
-    :func:`~monitored_optim.capture.store.budget`), made at first use and freed with the logging
+    :func:`~monitored_optim.capture.change.budget`), made at first use and freed with the logging
     step, serve them: :meth:`one` (a temporary dead before the next is asked for) and :meth:`next`
     (the stored changes of a chunk, alive together until :meth:`reset`). A request that does not
     fit gets a tensor of its own.

@@ -25,7 +25,7 @@ import torch
 
 import truth
 from monitored_optim import Monitored, MonitorConfig
-from monitored_optim.capture import fused, rules, store
+from monitored_optim.capture import change, fused, rules
 from monitored_optim.workspace import Workspace
 
 O = torch.optim
@@ -379,7 +379,7 @@ def test_at_powers_of_two_bound_counts_nonzero_powers_of_two(layout):
     bits = x.contiguous().view(torch.int32)
     count = int((((bits & ((1 << 23) - 1)) == 0) & (x.contiguous() != 0)).sum())
     want = count * x.abs().max().item() ** 2
-    got = rules.at_powers_of_two_bound(x, store.bounds(x), Workspace(x.numel() * 4)).item()
+    got = rules.at_powers_of_two_bound(x, change.bounds(x), Workspace(x.numel() * 4)).item()
     assert got == pytest.approx(want, rel=1e-6)  # the largest |p| squared in float32
     assert got >= rules.at_powers_of_two(x, x).item()
-    assert rules.at_powers_of_two_bound(x, store.bounds(x), Workspace(x.numel() * 4 - 4)) is None
+    assert rules.at_powers_of_two_bound(x, change.bounds(x), Workspace(x.numel() * 4 - 4)) is None

@@ -364,11 +364,11 @@ def test_chunks_mixed_dtypes_and_lagging_steps_equal_clone_truth(cls, kwargs, dt
     """Updates rebuilt a chunk at a time (``update_many``), a float64 parameter among float32 ones,
     and per-parameter Adam steps that differ within a group: figures equal the clone truth at every
     step, the trajectory is bitwise the plain optimizer's, and the chunks really split the group."""
-    from monitored_optim.capture import eager, plan, store
+    from monitored_optim.capture import change, eager, plan
 
     problem = _wide(dtype)
     entries = [plan.Entry(n, {}, p, None) for n, p in problem.named]
-    budget = store.budget(sum(p.numel() * p.element_size() for _, p in problem.named))
+    budget = change.budget(sum(p.numel() * p.element_size() for _, p in problem.named))
     assert len(list(eager.chunks(entries, budget))) >= 3
 
     def check(opt, expected):

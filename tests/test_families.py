@@ -222,7 +222,7 @@ def test_describe_says_how_each_parameter_is_captured():
     rows = {line.split()[0]: line for line in text.splitlines() if line and line.split()[0] in names}
     assert "lr=0.0003" in text and "weight_decay=0.1" in text
     assert rows["emb.weight"].split()[1:4] == ["1000x300", "float32", "matrix"]
-    from monitored_optim.capture.store import budget
+    from monitored_optim.capture.change import budget
 
     limit = budget(sum(p.numel() * p.element_size() for n, p in m.named_parameters() if n != "fc.bias")) // 4
     assert rows["emb.weight"].endswith(f"view (AdamView), in {-(-1000 * 300 // limit)} slices")
@@ -237,7 +237,7 @@ def test_describe_says_how_each_parameter_is_captured():
 def _table_of(names, figures):
     """A moment table whose grad norms and update RMSs are ``figures``' (two elements of mean 0 per
     parameter, p's std 1; a missing grad norm a zero one)."""
-    from monitored_optim.host import MomentTable
+    from monitored_optim.reduce import MomentTable
 
     m2 = torch.tensor([[1.0, figures.get(f"grad_norm/{name}", 0.0) ** 2, 2 * figures[f"update_rms/{name}"] ** 2]
                        for name in names], dtype=torch.float64)

@@ -4,7 +4,7 @@ A logging step runs :meth:`Capture.before`, the base step, then :meth:`Capture.a
 :class:`~monitored_optim.capture.plan.Plan` decides each parameter's route once per set of
 parameters; the routes run in :mod:`~monitored_optim.capture.eager` and
 :mod:`~monitored_optim.capture.fused`; the snapshot rule is :mod:`~monitored_optim.capture.rules`,
-the inversion of the store :mod:`~monitored_optim.capture.store`. What comes out is one
+the inversion of the store :mod:`~monitored_optim.capture.change`. What comes out is one
 :class:`~monitored_optim.stats.Batch` of sums (p_before, grad, u per parameter) and each
 parameter's device pieces (:mod:`monitored_optim.pieces`).
 
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import host, stats
+from .. import reduce, stats
 from ..config import Settings, every_parameter
 from ..updates import CLONE, View, elementwise, raw_step
 from .eager import Eager, chunks, record_grads
@@ -41,7 +41,7 @@ from .plan import (CLONED, FUSED_COPY, FUSED_REBUILD, Entries, Entry, Plan, Plan
                    Stepped, assign_slots, composition, fingerprint, names, route)
 from .rules import RiskMemory, shared, snapshot_reason
 from .spent import FLAT_LABEL, Spent, taken as taken_label
-from .store import PART_ELEMENTS, Part, budget, parts
+from .change import PART_ELEMENTS, Part, budget, parts
 
 
 class Capture:
@@ -57,7 +57,7 @@ class Capture:
     def __init__(self, view: View, settings: Settings, families: list[Any], reductions: dict[str, str]) -> None:
         self.view, self.settings = view, settings
         self.risk = RiskMemory()
-        self.centring = host.CentringMemory()
+        self.centring = reduce.CentringMemory()
         self.eager = Eager(view, settings.verify, families, reductions, self.centring)
         self.fused = Fused(view, settings.compile, self.eager.binned)
         self.budget = PART_ELEMENTS * 4
@@ -84,11 +84,11 @@ class Capture:
         """
         ways = tuple(self.fused.way(group) if fuse else None for group in optimizer.param_groups)
         key = fingerprint(optimizer, (ways, cloned, len(known)))
-        held = self.plan if self.plan is not None and self.plan.key == key else None
-        named = held.names if held is not None else names(optimizer, known)
+        kept = self.plan if self.plan is not None and self.plan.key == key else None
+        named = kept.names if kept is not None else names(optimizer, known)
         mask = self._mask(optimizer, named)
-        if held is not None and held.mask == mask:
-            return held
+        if kept is not None and kept.mask == mask:
+            return kept
         self.plan = self.build(optimizer, key, named, mask, ways, cloned)
         self.centring.forget(e.name for chunk in self.plan.chunks for e in chunk.members)  # exact for any spread
         return self.plan
@@ -238,13 +238,13 @@ class Capture:
         """This logging step's :class:`~monitored_optim.capture.plan.Roster`: the last one where its plan
         and the composition of its entries not captured flat are the same, else a new one
         (``shape``: see :meth:`~monitored_optim.capture.plan.Roster.of`)."""
-        held, order = self._roster, composition(entries.unflat)
-        if held is None or held.plan is not self.plan or held.composition != order:
+        kept, order = self._roster, composition(entries.unflat)
+        if kept is None or kept.plan is not self.plan or kept.composition != order:
             assert self.plan is not None  # planned by before()
-            held = self._roster = Roster.of(self.plan, order, entries.leads, shape)
-        return held
+            kept = self._roster = Roster.of(self.plan, order, entries.leads, shape)
+        return kept
 
-    def remember(self, roster: Roster, hosted: host.Hosted) -> None:
+    def remember(self, roster: Roster, hosted: reduce.Hosted) -> None:
         """After a logging step: the centring and snapshot rules' memories for the next one."""
         table, named = hosted.table, roster.names
         self.centring.update(named, roster.captured, table)  # a flat entry has no decision

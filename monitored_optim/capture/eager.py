@@ -14,14 +14,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import histograms, host, pieces, stats
+from .. import histograms, pieces, reduce, stats
 from ..families.base import Family
 from ..updates import Cloned, Rows, Summed, View, rebuild
 from ..updates.clone import fetched
 from .plan import Entry
 from .rules import HALF_ULP, LOW_PRECISION, at_powers_of_two, at_powers_of_two_bound
 from ..workspace import Workspace
-from .store import Part, bounds, lost, stored_change, verify_miss, widened
+from .change import Part, bounds, lost, stored_change, verify_miss, widened
 
 
 class Eager:
@@ -36,7 +36,7 @@ class Eager:
     """
 
     def __init__(self, view: View, verify: bool, families: list[Any], reductions: dict[str, str],
-                 centring: host.CentringMemory) -> None:
+                 centring: reduce.CentringMemory) -> None:
         self.view, self.verify, self.families = view, verify, families
         self.reductions, self.centring = reductions, centring
         self.binned = any(fam.binned for fam in families)  # p, grad and u binned (the histograms family)

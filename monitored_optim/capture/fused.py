@@ -6,7 +6,7 @@ centring, sums), so its cost follows the number of tensors. The fused path hands
 
 * rebuilds each update from the optimizer's state (the view's ``fused`` form, e.g. Adam's
   d = c·m / (sqrt(v) + eps·b)), inverts the rounding of the store,
-  p_before = fl(fl(p_after - d) / s), u = p_after - p_before (:func:`~monitored_optim.capture.store.stored_change`'s
+  p_before = fl(fl(p_after - d) / s), u = p_after - p_before (:func:`~monitored_optim.capture.change.stored_change`'s
   rule), or takes p_before from the snapshot of the snapshot rule (vectors, near-constant matrices);
 * reduces p_before (before the step, :func:`prior`), the grad and u to one-pass *shifted* sums
   accumulated in float64: with c the
@@ -36,7 +36,7 @@ from .._warnings import warn
 from ..updates import CLONE, Cloned, View, rebuild
 from .plan import Entry, Flat
 from .rules import at_powers_of_two
-from .store import stored_change
+from .change import stored_change
 
 CHUNK = 32
 """Most parameters handed to one call: larger chunks mean fewer calls but longer compiles (inductor's
@@ -156,7 +156,7 @@ def shifted_rows(xs: Sequence[Tensor]) -> Tensor:
 def prior(xs: list[Tensor]) -> Tensor:
     """Before the step, in one pass: per tensor ``[min, max, c, Σ(x - c), sqrt(Σ(x - c)^2), exact]`` in
     float64, shape ``(k, 6)``: the bounds (where they are equal, a matrix initialised at 0, p_before
-    is that value exactly, :func:`~monitored_optim.capture.store.bounds`), the :func:`shifted_rows` of p_before, taken
+    is that value exactly, :func:`~monitored_optim.capture.change.bounds`), the :func:`shifted_rows` of p_before, taken
     here because p_after - u cannot give p_before where the step made p non-finite, and
     :func:`~monitored_optim.capture.rules.at_powers_of_two` of p_before. Each tensor's reductions are
     traced together, over its flat view, so that inductor fuses them into one loop per tensor (it

@@ -32,7 +32,7 @@ from .. import stats
 from .._warnings import Once, warn
 from ..updates import Cloned
 from .rules import LOW_PRECISION, eps as machine_eps
-from .store import Part
+from .change import Part
 
 
 @dataclass(slots=True)
@@ -295,7 +295,7 @@ class Plan:
             ``"rebuild"``) and its chosen parameters in order, as runs of consecutive ones captured
             flat (lists of their entries) and a :class:`Planned` for each other one.
         shared: ids of the parameters whose storage another parameter shares.
-        budget: the capture's chunk budget in bytes (:func:`~monitored_optim.capture.store.budget`).
+        budget: the capture's chunk budget in bytes (:func:`~monitored_optim.capture.change.budget`).
         chunks: the flat chunks.
     """
 

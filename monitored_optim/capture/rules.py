@@ -19,7 +19,7 @@ p_before is taken, on logging steps only (:func:`snapshot_reason`), for a parame
   (:func:`risky_when_built`).
 
 The other matrices' stored change comes from the view's update by inverting the store's rounding
-(:mod:`monitored_optim.capture.store`). Source of the rounding facts: IEEE 754 round-to-nearest;
+(:mod:`monitored_optim.capture.change`). Source of the rounding facts: IEEE 754 round-to-nearest;
 the docs' "update formulas" page, section on the store.
 """
 
@@ -196,7 +196,7 @@ class RiskMemory:
         Args:
             names: the parameters' names, the rows of ``table``; ``position``: name -> row.
             eps: float64 ``(N,)``, :func:`eps` of each parameter's dtype.
-            table: the step's :class:`~monitored_optim.host.MomentTable`.
+            table: the step's :class:`~monitored_optim.reduce.MomentTable`.
             exact: float64 ``(N,)``, :func:`at_powers_of_two` where measured, NaN elsewhere.
         """
         std, n = table.std, table.n[:, 0]
@@ -250,14 +250,14 @@ def at_powers_of_two_bound(p: Tensor, extremes: Tensor | None, work: Workspace |
     It is the count of nonzero
     elements exactly at a power of two (:func:`mantissa_gap` 0; ±inf count as not, nor does any
     figure of a part holding them stay finite) times the larger square of p's
-    :func:`~monitored_optim.capture.store.bounds`, float64
+    :func:`~monitored_optim.capture.change.bounds`, float64
     of shape (1,). None for a dtype other than float32/float64, without bounds, or for a part larger than ``work``'s
     buffer (the whole matrices of views that are not element-wise: Adafactor's, Muon's), whose
     measure would hold a temporary of their size before the step.
 
     Args:
         p: a float32/float64 part before the step (any shape).
-        extremes: its :func:`~monitored_optim.capture.store.bounds`, shape (2,).
+        extremes: its :func:`~monitored_optim.capture.change.bounds`, shape (2,).
         work: whose :meth:`~monitored_optim.workspace.Workspace.one` buffer holds the temporary
             (reused, so that the heap does not fragment), or None (a temporary of its own).
     """

@@ -8,10 +8,10 @@ holds, and :func:`monitored_optim.stats.moments` reduces p_before, grad and upda
 collective). :mod:`~.table` then sums every rank's pieces in **one** ``all_reduce`` and one host copy.
 
 One module per layout says what a rank holds of each parameter (a :class:`~.held.Held`: its local
-tensor, and how many pieces the ranks holding it have between them, which weighs it):
+tensor, and how many shards the ranks holding it have between them, which weighs it):
 
 =====================================  ===========================================  =================
-layout                                 this rank's piece                            pieces
+layout                                 this rank's shard                            shards
 =====================================  ===========================================  =================
 :mod:`~.replicated` (DDP, tensor-      the parameter                                1 (a replica)
 parallel unplanned, ZeRO wrapped as
@@ -28,10 +28,10 @@ optimizer)                                                                      
                                                                                     stages' union
 =====================================  ===========================================  =================
 
-Uneven and empty pieces need nothing special: an empty one contributes ``n = 0``. A value missing on
+Uneven and empty shards need nothing special: an empty one contributes ``n = 0``. A value missing on
 a rank (no grad on an empty shard, an unchanged shard) counts as zeros there; a grad exists if any
 rank had one. Every rank always joins the collective. Views that are not element-wise (Muon,
-Adafactor) cannot rebuild a split parameter's update from its piece: such pieces are cloned
+Adafactor) cannot rebuild a split parameter's update from its shard: such shards are cloned
 (:meth:`Sharding.cloned`). Only rank 0 of the default group writes to the backends
 (:func:`is_writer`); every rank gets the figures of every parameter.
 
@@ -103,7 +103,7 @@ class Sharding:
     Args:
         optimizer: the optimizer (its ``state`` is read).
         groups: per param group of the view, the group (its hyperparameters; ``param_names`` where
-            the pieces bring no names of their own) and what this rank holds of each of its parameters.
+            the shards bring no names of their own) and what this rank holds of each of its parameters.
 
     Attributes:
         local: an optimizer-like object (``param_groups``, ``state``, ``defaults``) for the monitor to
@@ -111,7 +111,7 @@ class Sharding:
             (``Held.local``), whose ``.grad`` is the matching local grad; the ``state``
             mapping answers for a local tensor with the state of its parameter, each ``DTensor`` in
             it replaced by its local tensor and each tensor shaped like the parameter narrowed to
-            the local piece. Plain parameters are passed through as they are.
+            the local shard. Plain parameters are passed through as they are.
         held: per local tensor in ``local`` order, its :class:`~.held.Held`.
         left_out: keys of the pieces the reduction left out (a WHOLE piece of a split parameter).
     """
@@ -124,21 +124,21 @@ class Sharding:
         self.held: list[Held] = []
         self.left_out: set[str] = set()
         local_groups = []
-        self._groups = [{id(h.param) for h in pieces} for _, pieces in groups]
-        for group, pieces in groups:
-            for h in pieces:
+        self._groups = [{id(h.param) for h in shards} for _, shards in groups]
+        for group, shards in groups:
+            for h in shards:
                 self._held[id(h.local)] = h
                 self.held.append(h)
                 if h.local is not h.param:
                     set_local_grad(h)
                     self._grad_seen[id(h.local)] = h.param.grad
-            local_groups.append({**group, "params": [h.local for h in pieces]})
+            local_groups.append({**group, "params": [h.local for h in shards]})
         self.local = _LocalOptimizer(local_groups, _LocalState(self), optimizer.defaults)
 
     def cloned(self, view: Any) -> frozenset[int]:
-        """The ids of the local tensors whose update ``view`` cannot rebuild: pieces of split parameters
+        """The ids of the local tensors whose update ``view`` cannot rebuild: shards of split parameters
         where the view is not element-wise (Muon's Newton-Schulz on the whole matrix, Adafactor's row
-        and column means). The capture's plan clones them: exact, one copy of the piece on logging
+        and column means). The capture's plan clones them: exact, one copy of the shard on logging
         steps. Whole parameters (replicas, ZeRO) keep the view."""
         return frozenset() if elementwise(view) else frozenset(id(h.local) for h in self.held if h.split)
 
@@ -188,13 +188,13 @@ class Sharding:
         return h is None or not h.split or h.source is not None or is_dtensor(h.param)
 
     def original(self, shard: Tensor) -> Tensor:
-        """The parameter whose local piece is ``shard``."""
+        """The parameter whose local shard is ``shard``."""
         h = self._held.get(id(shard))
         return shard if h is None else h.param
 
     def localize_state(self, shard: Tensor, state: dict[str, Any]) -> dict[str, Any]:
         """``state`` as ``shard`` sees it: local tensors of DTensors, tensors shaped like the
-        parameter narrowed to the piece. A plain state dict is returned as is."""
+        parameter narrowed to the shard. A plain state dict is returned as is."""
         h = self._held.get(id(shard))
         span = None if h is None else h.span
         if span is None and not any(is_dtensor(v) for v in state.values()):

@@ -108,8 +108,8 @@ class Layout:
         """Per flat tensor, in the order the wrapper steps them, its param group (with the model's
         names as ``param_names``) and the fragments it holds."""
         out = []
-        for group, pieces in self._flats(self.wrapper()):
-            out.append(({**group, "param_names": [self.name(h.source) for h in pieces]}, pieces))
+        for group, fragments in self._flats(self.wrapper()):
+            out.append(({**group, "param_names": [self.name(h.source) for h in fragments]}, fragments))
         return out
 
     def optimizer(self) -> Any:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def held(p: DTensor) -> Held:
-    """A plain alias of ``p``'s local tensor, one of :func:`shards` pieces."""
+    """A plain alias of ``p``'s local tensor, one of its :func:`shards`."""
     count = shards(p)
     return Held(p.to_local().detach(), p, shards=count, split=count > 1)
 

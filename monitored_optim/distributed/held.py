@@ -21,16 +21,16 @@ if TYPE_CHECKING:
 
 @dataclass(eq=False)
 class Held:
-    """This rank's piece of one parameter.
+    """This rank's shard of one parameter.
 
     Attributes:
         local: the plain tensor the capture reads (the parameter itself, a detached alias of a
             DTensor's local tensor, or a view into a flat buffer); its ``.grad`` is set by the
             :class:`~monitored_optim.distributed.Sharding`.
         param: the tensor the optimizer steps: its ``state`` key and where the grad comes from.
-        shards: how many distinct pieces of the parameter the ranks holding it have between them
-            (1: each holds a replica; 0: this rank's piece does not count, as a ZeRO non-owner);
-            ``None``: no other rank holds these elements. The weight of the piece is
+        shards: how many distinct shards of the parameter the ranks holding it have between them
+            (1: each holds a replica; 0: this rank's shard does not count, as a ZeRO non-owner);
+            ``None``: no other rank holds these elements. The weight of the shard is
             ``shards / holders`` (holders: the ranks that monitor the parameter), or 1 for ``None``.
         span: ``(start, numel)``, the elements of the flattened ``param`` that ``local`` is (a flat
             partition's fragment, an FSDP1 shard without its padding); ``None``: all of it.
@@ -48,7 +48,7 @@ class Held:
     source: Tensor | None = None
 
     def weight(self, holders: int) -> float:
-        """The weight of this piece in the sum over ranks (``holders``: ranks monitoring the parameter)."""
+        """The weight of this shard in the sum over ranks (``holders``: ranks monitoring the parameter)."""
         return 1.0 if self.shards is None else self.shards / holders
 
 

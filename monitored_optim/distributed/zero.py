@@ -2,7 +2,7 @@
 
 ZeRO gives each rank of its group of size G the parameters it owns; the inner optimizer of each
 rank steps only those, but the monitor reads ZeRO's full list on every rank so that all ranks build
-the same table: an owned parameter is one of G pieces (weight G / holders), the others weigh 0.
+the same table: an owned parameter is one of G shards (weight G / holders), the others weigh 0.
 
 Source: ``torch/distributed/optim/zero_redundancy_optimizer.py`` (partition and ``_local_step``).
 """
@@ -23,7 +23,7 @@ _PARENT: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def held(p: Tensor, zero: Any) -> Held:
-    """``p`` as this rank holds it under ``zero``: owned (one of G pieces) or not counted."""
+    """``p`` as this rank holds it under ``zero``: owned (one of G shards) or not counted."""
     owned = zero._param_to_rank.get(p) == zero.rank
     return Held(p, p, shards=zero.world_size if owned else 0)
 

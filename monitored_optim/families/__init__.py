@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..host import MomentTable
+from ..reduce import MomentTable
 from .base import Family
 from .histograms import Histograms
 from .spectral import Spectral
@@ -37,7 +37,7 @@ class Step:
     Attributes:
         step: the optimizer step (int >= 1).
         names: parameter names, in order.
-        table: their moments (:class:`~monitored_optim.host.MomentTable`, kinds p, grad, u).
+        table: their moments (:class:`~monitored_optim.reduce.MomentTable`, kinds p, grad, u).
         pieces: per parameter, the host values of its device pieces (``{key: [floats]}``).
         lrs: per parameter, its group's learning rate as a float (None where it has none).
         shapes: per parameter, its (whole) shape.

@@ -71,7 +71,7 @@ class Stores:
     (tensors or :class:`Scaled`; NAdam adds its gradient and its momentum terms one after the other).
 
     A view returns this instead of solving for p_before itself, so that the capture can invert
-    every rounding in turn (:mod:`monitored_optim.capture.store`).
+    every rounding in turn (:mod:`monitored_optim.capture.change`).
     """
 
     adds: tuple[Tensor | Scaled, ...]

@@ -1,4 +1,4 @@
-"""A logging step's values on the host: the moment table of its parameters and their other pieces.
+"""The reduce stage: a logging step's values on the host, the moment table of its parameters and their pieces.
 
 One row per monitored parameter: the ``(mean, m2)`` of each kind of :data:`~monitored_optim.stats.KINDS`
 (p_before, grad, u) as they come back from the device in one copy (or from the one collective,
