@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import functools
 
-FAMILIES = ("update_to_data", "grad_to_data", "norms", "lr", "health", "update_lost", "spikes", "monitor", "state",
-            "spectral", "histograms")
-"""Figure families ``MonitorConfig.figures`` chooses from (see :data:`PER_PARAMETER` and
-:data:`RUN_WIDE` for their tags)."""
+from .families import REGISTRY
 
-DEFAULT_FAMILIES = ("update_to_data", "grad_to_data", "norms", "lr", "health", "update_lost", "spikes", "monitor")
+CORE = ("update_to_data", "grad_to_data", "norms", "lr", "health", "update_lost", "monitor")
+"""The figure families computed from the moment table itself (:mod:`monitored_optim.figures`; ``monitor``:
+the monitor's own cost, :mod:`monitored_optim.capture.spent`), all sent by default."""
+
+FAMILIES = (*CORE, *REGISTRY)
+"""Figure families ``MonitorConfig.figures`` chooses from: the core ones, then those registered in
+:data:`monitored_optim.families.REGISTRY` (see :data:`PER_PARAMETER` and :data:`RUN_WIDE` for their tags)."""
+
+DEFAULT_FAMILIES = (*CORE, *(name for name, cls in REGISTRY.items() if cls.default))
 """The families sent by default: all but ``state``, ``spectral`` and ``histograms``, which cost passes
 over the optimizer state, matrix products or binning passes on every logging step (``figures="all"``
 adds them)."""
@@ -29,28 +34,22 @@ PER_PARAMETER = {
     "grad_norm": "norms",
     "param_norm": "norms",
     "update_lost": "update_lost",
-    "normalized_update_rms": "state",
-    "eps_dominated": "state",
-    "state_norm": "state",
-    "update_spectral": "spectral",
-    "update_stable_rank": "spectral",
-    "update_hist": "histograms",
-    "grad_hist": "histograms",
-    "param_hist": "histograms",
+    **{head: name for name, cls in REGISTRY.items() for head in cls.series},
 }
-"""Head of each per-parameter tag -> its figure family (the ``histograms`` family's tags hold the
-counts of fixed bins, :mod:`monitored_optim.histograms`, not a number)."""
+"""Head of each per-parameter tag -> its figure family: the core ones', then each registered family's
+``series`` (the ``histograms`` family's tags hold the counts of fixed bins,
+:mod:`monitored_optim.histograms`, not a number)."""
 
-KEYED = frozenset({"state_norm"})
-"""Per-parameter heads followed by a key before the parameter name."""
+KEYED = frozenset(head for cls in REGISTRY.values() for head in cls.keyed)
+"""Per-parameter heads followed by a key before the parameter name (the families' ``keyed``)."""
 
 RUN_WIDE = {"global": "norms", "lr": "lr", "health": "health", "monitor": "monitor", "verify": "verify"}
 """Head of each run-wide tag -> its figure family (``verify`` is verify mode's, not selectable;
 ``monitor/copied_bytes`` and ``monitor/host_seconds`` are the monitor's own cost,
 :mod:`monitored_optim.capture.spent`)."""
 
-OWN_FAMILY = {"health/spikes": "spikes", "health/zero_grad": "state"}
-"""Run-wide tags whose family is not their head's."""
+OWN_FAMILY = {tag: name for name, cls in REGISTRY.items() for tag in cls.run_wide}
+"""Run-wide tags whose family is not their head's (the families' ``run_wide``)."""
 
 assert set(PER_PARAMETER.values()) | set(RUN_WIDE.values()) | set(OWN_FAMILY.values()) <= {*FAMILIES, "verify"}
 

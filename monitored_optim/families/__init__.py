@@ -51,8 +51,7 @@ class Step:
     shapes: list[Any]
 
 
-REGISTRY: dict[str, type] = {"spikes": Spikes, "state": OptimizerState, "spectral": Spectral,
-                             "histograms": Histograms}
+REGISTRY: dict[str, type[Family]] = {cls.name: cls for cls in (Spikes, OptimizerState, Spectral, Histograms)}
 """Family name (as in ``MonitorConfig.figures``) -> its class, built once per monitor."""
 
 def build(chosen: frozenset[str]) -> list[Family]:

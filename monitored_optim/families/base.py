@@ -8,8 +8,26 @@ from torch import Tensor
 
 
 class Family:
-    """A figure family. ``part`` and ``done`` return no device pieces unless a family overrides them;
-    every family defines ``figures``."""
+    """A figure family: its name, its tags, its device pieces and their reductions, its figures.
+
+    ``part`` and ``done`` return no device pieces unless a family overrides them; every family
+    defines ``figures``. :mod:`monitored_optim.tags` reads the names and tags of the registered
+    families (:data:`monitored_optim.families.REGISTRY`)."""
+
+    name = ""
+    """Its name in ``MonitorConfig(figures=...)``."""
+
+    default = False
+    """Whether it is among the families sent by default."""
+
+    series: tuple[str, ...] = ()
+    """The heads of its per-parameter tags (``update_spectral`` for ``update_spectral/{name}``)."""
+
+    keyed: tuple[str, ...] = ()
+    """Those of :attr:`series` followed by a key before the parameter's name (``state_norm/exp_avg/{name}``)."""
+
+    run_wide: tuple[str, ...] = ()
+    """Its run-wide tags, under another family's head (``health/spikes``)."""
 
     pieces: dict[str, str] = {}
     """Every key its device pieces may have -> its reduction (:mod:`monitored_optim.pieces`); a key

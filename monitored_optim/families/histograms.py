@@ -15,13 +15,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..histograms import PIECES, WIDTHS
+from ..histograms import KEYS, PIECES, WIDTHS
 from .base import Family
 
 
 class Histograms(Family):
     """The ``histograms`` family (see the module docstring)."""
 
+    name = "histograms"
+    series = tuple(KEYS.values())
     pieces = PIECES
     widths = WIDTHS
     binned = True

@@ -39,6 +39,8 @@ sigma_max converges within a few logging steps even where the top singular value
 class Spectral(Family):
     """The ``spectral`` family (see the module docstring)."""
 
+    name = "spectral"
+    series = ("update_spectral", "update_stable_rank")
     pieces = {"spectral": WHOLE}
 
     def __init__(self) -> None:

@@ -53,6 +53,10 @@ class Spikes(Family):
     ops on the host for all parameters (the median of an even count is the mean of the middle two,
     as ``statistics.median``)."""
 
+    name = "spikes"
+    default = True
+    run_wide = ("health/spikes",)
+
     def __init__(self) -> None:
         self._row: dict[str, int] = {}
         self._history = torch.full((0, len(FIGURES), WINDOW), math.nan, dtype=torch.float64)

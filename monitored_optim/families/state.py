@@ -36,6 +36,10 @@ the one collective under ``torch.distributed`` (in one process every state tenso
 class OptimizerState(Family):
     """The ``state`` family (see the module docstring)."""
 
+    name = "state"
+    series = ("normalized_update_rms", "eps_dominated", "state_norm")
+    keyed = ("state_norm",)
+    run_wide = ("health/zero_grad",)
     pieces = {"eps_count": SUM, **{f"state_norm:{key}": NORM for key in STATE_KEYS}}
 
     def part(self, name: str, whole: Tensor, u: Tensor, span: slice | None, state: dict[str, Any],
