@@ -217,11 +217,10 @@ class Monitor(ReadBack):
         sharding = pending.sharding
         self._search.layout.tell_unmapped(pending.optimizer, self._told)
         grad_scale = getattr(pending.optimizer, "grad_scale", None)
-        fuse = self.capture.may_fuse(sharding is not None, grad_scale, closure_of(args, kwargs, self._closure_first))
+        fuse = self.capture.may_fuse(sharding.sharded, grad_scale, closure_of(args, kwargs, self._closure_first))
         entries = self.capture.before(pending.read, pending.batch, grad_scale,
-                                      self._models.names, split=sharding is None, fuse=fuse,
-                                      cloned=sharding.cloned(self.view) if sharding is not None else frozenset(),
-                                      groups=groups)
+                                      self._models.names, split=not sharding.sharded, fuse=fuse,
+                                      cloned=sharding.cloned(self.view), groups=groups)
         pending.entries.extend(entries)
         return (entries, *with_grads_of_closure(entries.all, pending.batch, args, kwargs, self._closure_first,
                                                 self.capture.eager.grads))
@@ -237,7 +236,7 @@ class Monitor(ReadBack):
         self._count.step += 1
         sharding, entries = pending.sharding, pending.entries
         self.capture.finish(entries)
-        roster = self.capture.roster(entries, None if sharding is None else sharding.shape)
+        roster = self.capture.roster(entries, sharding.shape)
         source = self._search.layout.source(optimizer)
         lr_values = tensor_lrs(source)
         hosted, read_lrs, reduced = reduce.gather(entries, roster, pending.batch.finish(), lr_values, sharding,
@@ -263,16 +262,17 @@ class Monitor(ReadBack):
 
 
 class Pending:
-    """A logging step in progress: the optimizer stepped, its sharding (None outside torch.distributed),
-    its batch of sums and the entries captured so far."""
+    """A logging step in progress: the optimizer stepped, its layout (:class:`~monitored_optim.distributed.Sharding`,
+    or :class:`~monitored_optim.distributed.Unsharded` outside torch.distributed), its batch of sums and
+    the entries captured so far."""
 
     __slots__ = ("optimizer", "sharding", "batch", "entries")
 
-    def __init__(self, optimizer: torch.optim.Optimizer, sharding: distributed.Sharding | None,
+    def __init__(self, optimizer: torch.optim.Optimizer, sharding: distributed.Sharding | distributed.Unsharded,
                  batch: stats.Batch) -> None:
         self.optimizer, self.sharding, self.batch, self.entries = optimizer, sharding, batch, Entries()
 
     @property
     def read(self) -> Any:
         """The optimizer whose param groups and state the capture reads (the sharding's ``local`` one)."""
-        return self.optimizer if self.sharding is None else self.sharding.local
+        return self.sharding.local

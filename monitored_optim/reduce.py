@@ -21,7 +21,7 @@ from .stats import CENTRE_ABOVE, KINDS, RELIABLE_BELOW, Moments
 
 if TYPE_CHECKING:
     from .capture.plan import Entries, Entry, Roster
-    from .distributed import Sharding
+    from .distributed import Sharding, Unsharded
     from .pieces import Keys
     from .distributed.pipeline import Ranks
     from .distributed.table import Reduced
@@ -174,7 +174,7 @@ def table(entries: list[Entry], captured: list[int], counts: Tensor | list[float
 
 
 def gather(entries: Entries, roster: Roster, rows: Moments, lr_values: dict[int, Tensor],
-           sharding: Sharding | None = None, keys: Keys | None = None, ranks: Ranks | None = None,
+           sharding: Sharding | Unsharded, keys: Keys | None = None, ranks: Ranks | None = None,
            cost: tuple[float, float] = (0.0, 0.0)) -> tuple[Hosted, list[list[float]], Reduced | None]:
     """A logging step's values on the host: one device-to-host copy per device, or under
     ``torch.distributed`` one all_reduce (and one host copy for Tensor learning rates).
@@ -183,7 +183,8 @@ def gather(entries: Entries, roster: Roster, rows: Moments, lr_values: dict[int,
         entries, roster: the step's entries and parameters.
         rows: the batch's moments (:meth:`~monitored_optim.stats.Batch.finish`).
         lr_values: id -> the Tensor learning rates to read.
-        sharding, keys, ranks, cost: under ``torch.distributed``, the step's sharding, every piece key ->
+        sharding: the step's layout (:func:`~monitored_optim.distributed.sharding`).
+        keys, ranks, cost: under ``torch.distributed``, every piece key ->
             its reduction (the table's rows), the union of names and this rank's
             ``(bytes copied, host seconds)`` (:func:`~monitored_optim.distributed.table.reduce`).
 
@@ -193,7 +194,7 @@ def gather(entries: Entries, roster: Roster, rows: Moments, lr_values: dict[int,
         the reduction (None outside ``torch.distributed``).
     """
     leads = entries.leads
-    if sharding is None:
+    if not sharding.sharded:  # one process: its own values, one copy
         holding = [i for i, e in enumerate(leads) if e.pieces]  # a flat entry's: its histograms, if any
         held = [piece for i in holding for piece in leads[i].pieces.values()]
         index = roster.index

@@ -514,7 +514,9 @@ def test_ranks_monitoring_different_parameters_get_the_figures_of_all(tmp_path):
 def test_single_process_is_untouched(tmp_path, want):
     """Outside torch.distributed: no sharding, and the one process writes the reference's figures."""
     assert not mdist.initialized() and mdist.is_writer()
-    assert mdist.sharding(torch.optim.SGD([nn.Parameter(torch.ones(1))])) is None
+    opt = torch.optim.SGD([nn.Parameter(torch.ones(1))])
+    read = mdist.sharding(opt)
+    assert isinstance(read, mdist.Unsharded) and read.local is opt and not read.sharded
     net = model()
     opt = Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT, monitor=config(str(tmp_path)))
     for step in range(1, STEPS + 1):

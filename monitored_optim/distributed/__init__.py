@@ -41,7 +41,7 @@ optimizer on the same steps; a name means the same parameter on every rank that 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -70,8 +70,8 @@ def is_writer() -> bool:
     return not initialized() or dist.get_rank() == 0
 
 
-def sharding(optimizer: torch.optim.Optimizer, layout: Any = None) -> Sharding | None:
-    """The :class:`Sharding` of ``optimizer`` for this logging step, or ``None`` outside
+def sharding(optimizer: torch.optim.Optimizer, layout: Any = None) -> Sharding | Unsharded:
+    """The :class:`Sharding` of ``optimizer`` for this logging step, or :class:`Unsharded` outside
     ``torch.distributed`` (the single-process path, untouched).
 
     Call on every rank at the same logging step, before the base step (it reads the grads).
@@ -80,7 +80,7 @@ def sharding(optimizer: torch.optim.Optimizer, layout: Any = None) -> Sharding |
     grad), which is redistributed to the parameter's placements.
     """
     if not initialized():
-        return None
+        return Unsharded(optimizer)
     if layout is not None:
         return Sharding(optimizer, layout.groups())
     parent = zero.parent(optimizer)
@@ -95,6 +95,29 @@ def _held(p: Tensor, parent: Any) -> Held:
     if is_dtensor(p):
         return dtensor.held(p)
     return fsdp1.held(p) or replicated.held(p)
+
+
+class Unsharded:
+    """One process's optimizer, read as it is: the layout of a logging step outside ``torch.distributed``,
+    beside :class:`Sharding`, whose attributes of the same names answer for a sharded one.
+
+    Attributes:
+        local: the optimizer itself.
+        shape: None: each parameter's shape is its own.
+    """
+
+    sharded: Literal[False] = False
+    """Whether a parameter may be split across ranks (then parts are not cut, nor the fused routes taken)."""
+
+    shape = None
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.local = optimizer
+
+    @staticmethod
+    def cloned(view: Any) -> frozenset[int]:
+        """No tensor: every view rebuilds the update of a whole parameter."""
+        return frozenset()
 
 
 class Sharding:
@@ -115,6 +138,8 @@ class Sharding:
         held: per local tensor in ``local`` order, its :class:`~.held.Held`.
         left_out: keys of the pieces the reduction left out (a WHOLE piece of a split parameter).
     """
+
+    sharded: Literal[True] = True
 
     def __init__(self, optimizer: torch.optim.Optimizer, groups: list[tuple[dict[str, Any], list[Held]]]) -> None:
         self._state = optimizer.state
@@ -279,4 +304,4 @@ class _LocalState:
         return isinstance(shard, Tensor) and self.get(shard) is not None
 
 
-__all__ = ["Sharding", "initialized", "is_writer", "sharding", "tell_left_out"]
+__all__ = ["Sharding", "Unsharded", "initialized", "is_writer", "sharding", "tell_left_out"]

@@ -145,16 +145,15 @@ def build(entries: list[Any], held: list[Held], keys: Keys, ranks: Ranks, change
           cost: tuple[float, float], world: int, rank: int, device: torch.device) -> Tensor:
     """Rank ``rank``'s table in a world of ``world`` (no collective: the world's tables sum to the reduction).
 
-    Shape ``(HEADER + K·P, 4)`` float64 (K rows per parameter, :func:`rows`; P parameters in the
-    union), on its pieces' device, else ``device``. Row 0: ``(1, f, f², failed)``; row 1: ``(changed, bytes
-    copied, host seconds, 0)``. Per parameter block b, from row ``HEADER + Kb``, the keys' rows in order,
-    columns by reduction: MOMENTS ``(w·n, w·Σx, w·Σx², present)``, SUM and WHOLE ``(w·c, 0, 0, present)`` (a
-    wide SUM piece ``(w·c_3j, w·c_3j+1, w·c_3j+2, present)`` in its j-th row), NORM ``(w·a², w·b², 0,
-    present)``; ``present`` is 1 where the rank had the piece (unweighted); a MIN or MAX piece the value (MIN:
-    negated) in this rank's slot r of its rows (row ``r // 3``, column ``r % 3``), -inf there where it has none
-    or its piece weighs 0, zeros in the other ranks' slots. A rank whose names ``changed`` since the exchange
-    sends only its header (and its -inf slots). Built with one stack of the pieces, two small host-to-device
-    copies and a scatter of each kind; the other arguments as :func:`reduce`'s."""
+    Shape ``(HEADER + K·P, 4)`` float64 (K rows per parameter, :func:`rows`; P parameters in the union), on its
+    pieces' device, else ``device``. Row 0: ``(1, f, f², failed)``; row 1: ``(changed, bytes copied, host seconds,
+    0)``. Per parameter block b, from row ``HEADER + Kb``, the keys' rows in order, columns by reduction: MOMENTS
+    ``(w·n, w·Σx, w·Σx², present)``, SUM and WHOLE ``(w·c, 0, 0, present)`` (a wide SUM piece ``(w·c_3j, w·c_3j+1,
+    w·c_3j+2, present)`` in its j-th row), NORM ``(w·a², w·b², 0, present)``; ``present`` is 1 where the rank had
+    the piece (unweighted); a MIN or MAX piece the value (MIN: negated) in this rank's slot r of its rows (row ``r
+    // 3``, column ``r % 3``), -inf there where it has none or its piece weighs 0, zeros in the other ranks' slots.
+    A rank whose names ``changed`` since the exchange sends only its header (and its -inf slots). The other
+    arguments as :func:`reduce`'s."""
     at, per = rows(keys, world)
     values, meta, wide, wide_meta = [], [], [], []  # meta per piece: (table row, w·n, w, n > 0, reduction code)
     slotted, slots = [], []  # MIN and MAX pieces, and each one's (row, column)
