@@ -61,14 +61,14 @@ class Eager:
         if e.fused:  # its bounds come from the fused route
             return e
         if reason is not None and not isinstance(e.snapshot, Cloned):
-            e.copy = part.p.detach().clone()
+            e.kept = part.p.detach().clone()
         if e.before is None and not isinstance(e.snapshot, Summed):  # the inversion's bounds
             e.extremes = bounds(part.p)
             exact = at_powers_of_two_bound(part.p, e.extremes, work)
             if exact is not None:
                 self.add_piece(e.owner, "exact", exact)
         if self.verify and e.before is None:
-            e.clone = part.p.detach().clone()
+            e.kept, e.verifies = part.p.detach().clone(), True
         return e
 
     def before(self, batch: stats.Batch, entries: list[Entry], grad_scale: Tensor | None, grads: bool) -> None:
@@ -109,7 +109,8 @@ class Eager:
             result = rebuilt.get(i)
             if isinstance(result, Summed) and e.before is None:  # the replayed change's sums are its figures
                 self._summed(e, result, batch)
-                e.clone = None
+                if e.verifies:
+                    e.kept = None  # verify mode's copy, checked
                 continue
             result = None if isinstance(result, Summed) else result  # a copy of p_before was taken: u from it
             if isinstance(result, Rows):  # one slice at a time, each reduced before the next is built
@@ -121,7 +122,8 @@ class Eager:
                 u = self._stored(e, result, state=states[i], work=batch.work)
                 if u is not None:
                     jobs.append((e, u))
-            e.clone = None
+            if e.verifies:
+                e.kept = None  # verify mode's copy, checked
         centre = self.centred([e for e, _ in jobs], "u")
         record(batch, [e for e, _ in jobs], "u", [u for _, u in jobs], centre, scratch=True)
 

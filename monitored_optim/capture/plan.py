@@ -40,10 +40,10 @@ class Entry:
     """One monitored parameter, or one part of a large one, on a logging step.
 
     ``lead`` is the parameter's first part, which holds the slots and pieces (None for that part).
-    p_before is held in one of three fields: ``snapshot`` is the view's own (``Cloned`` where p_before
-    was copied instead of running the view), ``copy`` the snapshot rule's copy where the view is still
-    run (for ``update_lost`` and verify mode), ``clone`` verify mode's copy where there is neither;
-    :attr:`before` is whichever is exact."""
+    ``snapshot`` is what the view keeps of p_before (``Cloned`` where p_before was copied instead of
+    running the view); ``kept`` a copy of p_before beside it: the snapshot rule's, where the view still
+    runs (for ``update_lost`` and verify mode), or, where ``verifies``, verify mode's, which only checks
+    the inversion. :attr:`before` is the exact p_before u is taken from, :attr:`clone` verify mode's."""
 
     name: str
     group: dict[str, Any]
@@ -51,11 +51,11 @@ class Entry:
     snapshot: Any
     part: Part | None = None
     lead: Entry | None = None
-    copy: Tensor | None = None
     slots: dict[str, int] = field(default_factory=dict)
     centred: dict[str, bool] = field(default_factory=dict)
     pieces: dict[str, Tensor] = field(default_factory=dict)
-    clone: Tensor | None = None
+    kept: Tensor | None = None
+    verifies: bool = False
     extremes: Tensor | None = None
     fused: bool = False
     flat: Flat | None = None
@@ -72,8 +72,15 @@ class Entry:
 
     @property
     def before(self) -> Tensor | None:
-        """The exact p_before of this part, where one was taken."""
-        return self.snapshot.before if isinstance(self.snapshot, Cloned) else self.copy
+        """The exact p_before of this part that u is taken from, where one was taken."""
+        if isinstance(self.snapshot, Cloned):
+            return self.snapshot.before
+        return None if self.verifies else self.kept
+
+    @property
+    def clone(self) -> Tensor | None:
+        """Verify mode's copy of p_before, where u is inverted (None elsewhere, and once checked)."""
+        return self.kept if self.verifies else None
 
 
 @dataclass(eq=False)
