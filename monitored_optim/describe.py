@@ -12,6 +12,7 @@ from ._warnings import warn
 from .capture.plan import VIEW, Plan, Planned, route
 from .capture.rules import snapshot_reason
 from .capture.spent import FLAT_LABEL
+from .engine import EngineSteps
 from .updates import elementwise
 
 
@@ -51,6 +52,28 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, st
     for i, group in enumerate(optimizer.param_groups):
         hyper = ", ".join(f"{k}={_short(v)}" for k, v in group.items() if k not in ("params", "param_names"))
         lines.append(f"  group {i} ({len(group['params'])} parameters): {hyper}")
+    last = monitor.capture.spent.last
+    taken = {} if last is None else last.routes
+    engine = monitor._search.layout
+    if isinstance(engine, EngineSteps):
+        rows = _engine_rows(engine, taken)
+        lines.append(f"stepped by DeepSpeed's {type(engine.layout.wrapper()).__name__}: the model's parameters in "
+                     "its flat buffers")
+    else:
+        rows = _rows(monitor, optimizer, known, taken)
+    widths = [max(len(row[c]) for row in rows) for c in range(4)]
+    lines.append("capture: the plan, before any logging step (each logging step decides the route it takes)"
+                 if last is None else f"capture: the route each parameter took at step {last.step}, the last "
+                 "logging step ((next: ...) where the plan of the next one differs)")
+    lines.append("")
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows]
+    return "\n".join(lines)
+
+
+def _rows(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, str],
+          taken: dict[str, str]) -> list[tuple[str, ...]]:
+    """The table of :func:`describe`, its heading first: one row per parameter of ``optimizer``, its
+    capture the route ``taken`` at the last logging step, or the plan's."""
     plan = monitor.capture.preview(optimizer, known)
     shown: dict[int, str] = {}  # id of a parameter -> how it is captured
     for _group, way, items in plan.groups:
@@ -59,22 +82,35 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, st
                 shown.update((id(e.p), FLAT_LABEL) for e in item)
             else:
                 shown[id(item.p)] = _route(monitor, plan, item, way)
-    last = monitor.capture.spent.last
-    taken = {} if last is None else last.routes
-    rows = [("parameter", "shape", "dtype", "kind", "capture")]
+    rows: list[tuple[str, ...]] = [HEADING]
     for group, own in zip(optimizer.param_groups, plan.names):
         for name, p in zip(own, group["params"]):
             planned = shown.get(id(p), _SKIPPED)
             took = taken.get(name, planned)
             rows.append((name, "x".join(map(str, p.shape)) or "scalar", str(p.dtype).replace("torch.", ""),
                          kind(p), took if took == planned else f"{took} (next: {planned})"))
-    widths = [max(len(row[c]) for row in rows) for c in range(4)]
-    lines.append("capture: the plan, before any logging step (each logging step decides the route it takes)"
-                 if last is None else f"capture: the route each parameter took at step {last.step}, the last "
-                 "logging step ((next: ...) where the plan of the next one differs)")
-    lines.append("")
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows]
-    return "\n".join(lines)
+    return rows
+
+
+def _engine_rows(engine: EngineSteps, taken: dict[str, str]) -> list[tuple[str, ...]]:
+    """The table of :func:`describe` under DeepSpeed, its heading first: one row per model parameter in
+    the wrapper's flat buffers (its whole shape, the dtype of the fp32 fragments the optimizer steps),
+    its capture the route ``taken`` at the last logging step."""
+    held: dict[str, tuple[Any, torch.Tensor, list[str]]] = {}  # name -> its parameter, a fragment, its buffers
+    for k, (group, fragments) in enumerate(engine.layout.groups()):
+        for name, h in zip(group["param_names"], fragments):
+            held.setdefault(name, (h.source, h.local, []))[2].append(str(k))
+    rows: list[tuple[str, ...]] = [HEADING]
+    for name, (source, local, buffers) in held.items():
+        shape = getattr(source, "ds_shape", None) or source.shape
+        where = f"in flat buffer{'s' if len(buffers) > 1 else ''} {', '.join(buffers)}"
+        rows.append((name, "x".join(map(str, shape)) or "scalar", str(local.dtype).replace("torch.", ""),
+                     kind(torch.Size(shape)), f"{taken[name]}, {where}" if name in taken else where))
+    return rows
+
+
+HEADING: tuple[str, ...] = ("parameter", "shape", "dtype", "kind", "capture")
+"""The heading row of :func:`describe`'s table."""
 
 
 _SKIPPED = "skipped (left out by the selection: params=, exclude= or MONITORED_OPTIM_PARAMS)"

@@ -71,6 +71,7 @@ def _run(tmp_path, stage: int, precision: str, monitored: bool, built: bool = Fa
             out["steps"].append(opt.monitor.step)
             out["rows"].append((truth(before, full(net, stage, wrapper), grads), dict(opt.monitor.latest)))
     out["final"] = full(net, stage, wrapper)
+    out["described"] = opt.monitor.describe() if monitored else ""
     out["groups"] = len(getattr(wrapper, "fp16_groups", opt.param_groups))  # flat buffers (sub-groups at stage 3)
     return out
 
@@ -97,6 +98,10 @@ def test_each_engine_step_is_one_monitored_step_with_the_truth(one_rank, stage, 
             assert tag in row, (step, tag)
             tol = RATIO_TOL if "_to_data/" in tag else NORM_RTOL * abs(value) + 1e-30
             assert abs(row[tag] - value) <= tol, (step, tag, row[tag], value)
+    lines = [cells for cells in map(str.split, got["described"].splitlines()) if cells]
+    rows = {cells[0]: cells[1:4] for cells in lines if cells[0] in got["final"]}
+    assert set(rows) == set(got["final"]) and "param0" not in got["described"]  # the model's names, not the buffers'
+    assert rows["0.weight"] == ["48x16", "float32", "matrix"] and rows["1.weight"] == ["48", "float32", "vector"]
     logged = [int(line.split('"step": ')[1].split(",")[0].rstrip("}"))
               for line in (tmp_path / "monitored" / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert logged == list(range(1, STEPS + 1))
