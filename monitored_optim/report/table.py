@@ -195,15 +195,16 @@ def print_report(summary: Summary, file: TextIO | None = None) -> None:
     from rich.console import Console
 
     console = Console(file=file, highlight=False)
-    if not console.is_terminal:
-        console = Console(file=file, width=WIDTH, highlight=False)
+    if not console.is_terminal:  # plain text, no line ending in spaces
+        console.file.write(to_text(summary))
+        return
     for part in render(summary, console.width):
         console.print(part)  # notes wrap between items only: each item's spaces are non-breaking
 
 
 def to_text(summary: Summary, width: int = WIDTH, html: bool = False) -> str:
-    """:func:`render` laid out in ``width`` columns, as plain text, or as an HTML ``<pre>`` block with
-    the colours inline (what Jupyter shows for a :class:`Summary`).
+    """:func:`render` laid out in ``width`` columns, as plain text (no line ending in spaces), or as an
+    HTML ``<pre>`` block with the colours inline (what Jupyter shows for a :class:`Summary`).
 
     Raises:
         ReportError: ``rich`` is not installed.
@@ -218,7 +219,7 @@ def to_text(summary: Summary, width: int = WIDTH, html: bool = False) -> str:
     for part in render(summary, width):
         console.print(part)
     if not html:
-        return console.export_text()
+        return "\n".join(line.rstrip() for line in console.export_text().split("\n"))
     return console.export_html(inline_styles=True, code_format=(
         "<pre style=\"white-space:pre;overflow-x:auto;line-height:normal;"
         "font-family:Menlo,'DejaVu Sans Mono',consolas,'Courier New',monospace\">{code}</pre>"))
