@@ -37,6 +37,8 @@ class Delivery:
         histograms: ``dict[str, Histogram]``, tag (with the prefix) -> the counts, extremes and sums of
             the last logging step (:class:`~monitored_optim.histograms.Histogram`).
         history: the in-memory history of the logging steps (``monitored_optim.history``).
+        shapes: ``dict[str, tuple[int, ...]]``, tag label (with the prefix) -> the whole shape of every
+            parameter logged so far, as the last logging step that held it had it.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -44,6 +46,7 @@ class Delivery:
         self.latest: dict[str, float] = {}
         self.histograms: dict[str, Histogram] = {}
         self.history = History()
+        self.shapes: dict[str, tuple[int, ...]] = {}
         self._writes = distributed.is_writer() if distributed.initialized() else None  # else at the first send
         if self._writes is not False:  # another rank never writes: no stray (differently timestamped) dirs
             make_logdir(settings.backends, settings.logdir)
@@ -65,6 +68,7 @@ class Delivery:
         self.latest = {prefix + tag: value for tag, value in figures.items()} if prefix else figures
         self.histograms = {prefix + tag: counts for tag, counts in (hists or {}).items()}
         self.history.record(step, self.latest)
+        self.shapes.update((prefix + name, tuple(shape)) for name, shape in zip(roster.names, roster.shapes))
         _LIVE.add(self)  # again, after a close()
         if self._writes is None:  # built before torch.distributed was set up, if it ever is
             self._writes = distributed.is_writer()

@@ -20,9 +20,17 @@ class Models:
         self._watched: list[weakref.ref[torch.nn.Module]] = []
 
     def name_after(self, model: torch.nn.Module) -> None:
-        """Name the parameters ``model`` holds as ``model.named_parameters()`` does."""
+        """Name the parameters ``model`` holds as ``model.named_parameters()`` does; a name goes with its
+        parameter (another tensor may take its id then)."""
         for name, p in model.named_parameters():
-            self.names.setdefault(id(p), name)
+            self.name(p, name)
+
+    def name(self, p: torch.Tensor, name: str) -> None:
+        """Name ``p`` ``name`` unless it has a name; the name goes with ``p`` (another tensor may take
+        its id then)."""
+        if id(p) not in self.names:
+            self.names[id(p)] = name
+            weakref.finalize(p, self.names.pop, id(p), None)
 
     def watch(self, model: torch.nn.Module) -> None:
         """Name the parameters after ``model``, and keep it (weakly) among the models watched."""

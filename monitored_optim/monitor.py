@@ -215,7 +215,7 @@ class Monitor(ReadBack):
         """Stage 2: the capture before a base step (of the param groups ``groups``, None: all); returns
         the entries it made and the step's arguments, a closure wrapped to record the grads it makes."""
         sharding = pending.sharding
-        self._search.layout.tell_unmapped(pending.optimizer, self._told)
+        self._search.layout.tell_unmapped(pending.read, self._told)
         grad_scale = getattr(pending.optimizer, "grad_scale", None)
         fuse = self.capture.may_fuse(sharding.sharded, grad_scale, closure_of(args, kwargs, self._closure_first))
         entries = self.capture.before(pending.read, pending.batch, grad_scale,

@@ -141,8 +141,10 @@ def _pickling(base: type[torch.optim.Optimizer]) -> tuple[Any, Any]:
         if saved:
             self._monitor = _rebuilt_monitor(config, base)
             self._monitor.step = count
-            self._monitor._models.names.update((id(p), name) for group, own in zip(self.param_groups, names)
-                                              for p, name in zip(group["params"], own) if name is not None)
+            for group, own in zip(self.param_groups, names):
+                for p, name in zip(group["params"], own):
+                    if name is not None:
+                        self._monitor._models.name(p, name)
             self._monitor.attach(self)
 
     return __getstate__, __setstate__

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .capture.plan import names as _names
 from .histograms import Histogram
 
 if TYPE_CHECKING:
@@ -100,13 +99,15 @@ class ReadBack:
         return summarize(self._run(), last)
 
     def _run(self) -> Any:
-        """The history as the report's ``Run``, named after the optimizer's class; kinds from shapes."""
+        """The history as the report's ``Run``, named after the optimizer's class; kinds from the
+        shapes the logging steps delivered (the optimizer may be gone, its parameters renamed)."""
         from pathlib import Path
+
+        import torch
 
         from .describe import kind
 
         optimizer = self._optimizer()
-        groups = [] if optimizer is None else zip(optimizer.param_groups, _names(optimizer, self._models.names))
-        kinds = {self.settings.prefix + n: kind(p) for group, names in groups for n, p in zip(names, group["params"])}
+        kinds = {label: kind(torch.Size(shape)) for label, shape in self._delivery.shapes.items()}
         label = type(optimizer).__name__ if optimizer is not None else "run"
         return self._delivery.history.run(Path(self.settings.prefix + label), kinds)

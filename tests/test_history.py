@@ -11,11 +11,15 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import gc as _gc
+
 import pytest
 import torch
+from torch import nn
 
 import models
 from test_backends import read_jsonl
+from monitored_optim import Monitored, MonitorConfig
 from monitored_optim.history import History
 
 pd = pytest.importorskip("pandas")
@@ -113,3 +117,45 @@ def test_plot_and_report_before_any_logging_step_say_so():
     for show in (opt.monitor.plot, opt.monitor.report):
         with pytest.raises(ReportError, match="nothing logged yet"):
             show()
+
+def test_a_run_whose_figures_the_report_does_not_read_says_so():
+    """``figures="update_lost"`` on float32 logs nothing the report reads: report() says so in one
+    line instead of returning a table that cannot be shown."""
+    from monitored_optim.report import ReportError
+
+    m = nn.Linear(4, 3)
+    opt = Monitored(torch.optim.AdamW)(m.named_parameters(), lr=1e-3,
+                                       monitor=MonitorConfig(backend="none", every=1, figures="update_lost"))
+    m(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    with pytest.raises(ReportError, match="nothing to report"):
+        opt.monitor.report()
+
+
+@pytest.mark.parametrize("last,error", [(1.5, TypeError), ("3", TypeError), (True, TypeError), (0, ValueError)])
+def test_report_takes_a_positive_int(last, error):
+    m = nn.Linear(4, 3)
+    opt = Monitored(torch.optim.AdamW)(m.named_parameters(), lr=1e-3, monitor=MonitorConfig(backend="none", every=1))
+    m(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    with pytest.raises(error, match="last must be an int >= 1"):
+        opt.monitor.report(last)
+
+
+def test_the_in_memory_report_knows_vectors_once_the_optimizer_is_gone():
+    """Kinds come from the shapes the logging steps delivered: a LayerNorm gain stays a vector (not
+    judged by the band) after the optimizer is collected."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 2))
+    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), lr=1e-1,
+                                       monitor=MonitorConfig(backend="none", every=1))
+    for _ in range(3):
+        opt.zero_grad()
+        net(torch.randn(4, 8)).square().mean().backward()
+        opt.step()
+    monitor = opt.monitor
+    del opt
+    _gc.collect()
+    layers = {layer.name: layer for layer in monitor.report().layers}
+    assert layers["1.weight"].kind == "vector" and layers["0.weight"].kind == "matrix"
+    assert "vector" in layers["1.weight"].marks

@@ -9,8 +9,9 @@ import re
 import statistics
 
 from ..tags import is_series
+from .errors import ReportError
 from .read import Run, split_tag
-from .records import HEALTH, HEALTHY_BAND, Count, Figure, Layer, Param
+from .records import HEALTH, HEALTHY_BAND, REFERENCE as REFERENCE, Count, Figure, Layer, Param
 from .table import Summary
 
 def rows_noun(params: list[Param]) -> str:
@@ -56,10 +57,18 @@ def summarize(run: Run, last: int = 20) -> Summary:
         ``health/unchanged`` counts count, so runs with and without ``health/`` tags get them.
 
     Raises:
+        TypeError: ``last`` is not an int.
         ValueError: ``last`` < 1.
+        ReportError: no logged step holds a figure (``MonitorConfig(figures=...)`` chose none the
+            report reads, or nothing was logged).
     """
+    if isinstance(last, bool) or not isinstance(last, int):
+        raise TypeError(f"monitored_optim: last must be an int >= 1 (the logged steps the medians cover), got {last!r}")
     if last < 1:
-        raise ValueError(f"last must be >= 1, got {last}")
+        raise ValueError(f"monitored_optim: last must be an int >= 1 (the logged steps the medians cover), got {last}")
+    if not run.steps:
+        raise ReportError(f"monitored_optim: nothing to report in {str(run.path)!r}: no logged step holds a figure "
+                          "(MonitorConfig(figures=...) may have chosen none the report reads)")
     window = run.steps[-last:]
     layers = []
     for param in parameters(run):
