@@ -20,9 +20,10 @@ class Models:
         self._watched: list[weakref.ref[torch.nn.Module]] = []
 
     def name_after(self, model: torch.nn.Module) -> None:
-        """Name the parameters ``model`` holds as ``model.named_parameters()`` does; a name goes with its
-        parameter (another tensor may take its id then)."""
-        for name, p in model.named_parameters():
+        """Name the parameters ``model`` holds as ``model.named_parameters()`` does (of the module
+        ``torch.compile`` wrapped: no ``_orig_mod.`` prefix); a name goes with its parameter (another
+        tensor may take its id then)."""
+        for name, p in unwrapped(model).named_parameters():
             self.name(p, name)
 
     def name(self, p: torch.Tensor, name: str) -> None:
@@ -33,10 +34,18 @@ class Models:
             weakref.finalize(p, self.names.pop, id(p), None)
 
     def watch(self, model: torch.nn.Module) -> None:
-        """Name the parameters after ``model``, and keep it (weakly) among the models watched."""
-        self._watched.append(weakref.ref(model))
+        """Name the parameters after ``model``, and keep it (weakly, :func:`unwrapped`) among the models
+        watched."""
+        self._watched.append(weakref.ref(unwrapped(model)))
         self.name_after(model)
 
     def watched(self) -> list[torch.nn.Module]:
         """The models watched that are alive."""
         return [model for model in (ref() for ref in self._watched) if model is not None]
+
+
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The module ``torch.compile(model)`` wrapped (whose parameters' names have no ``_orig_mod.``
+    prefix), else ``model``."""
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, torch.nn.Module) else model

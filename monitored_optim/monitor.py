@@ -34,7 +34,7 @@ from .count import StepCount
 from .deliver import Delivery
 from .figures import Figures, group_lrs, tensor_lrs
 from .health import Health
-from .models import Models
+from .models import Models, unwrapped
 from .readback import ReadBack
 from .updates import View, view_for
 from .updates.view import bind
@@ -150,7 +150,7 @@ class Monitor(ReadBack):
             raise TypeError(f"watch() expects a torch.nn.Module, got {type(model).__name__}")
         self._models.watch(model)
         optimizer, layout = self._optimizer(), self._search.layout
-        return [] if optimizer is None else self.health.check_watched(model, layout.model_params(optimizer))
+        return [] if optimizer is None else self.health.check_watched(unwrapped(model), layout.model_params(optimizer))
 
     def run(self, optimizer: torch.optim.Optimizer, step_fn: Callable[..., Any],
             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 
+import pytest
 from torch import nn
 
 from monitored_optim.models import Models
@@ -31,3 +32,26 @@ def test_a_name_known_before_stays():
     models.name(net[0].weight, "encoder.weight")
     models.watch(net)
     assert models.names[id(net[0].weight)] == "encoder.weight" and models.names[id(net[0].bias)] == "0.bias"
+
+
+def test_a_compiled_model_names_its_parameters_as_the_model_does():
+    """``MonitorConfig(model=torch.compile(net))`` and ``watch(torch.compile(net))``: the figures carry
+    ``net``'s names, not ``_orig_mod.``-prefixed ones (the compiled wrapper is never called here)."""
+    import torch
+
+    from monitored_optim import Monitored, MonitorConfig
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 2))
+    compiled = torch.compile(net)
+    assert next(iter(dict(compiled.named_parameters()))).startswith("_orig_mod.")
+    opt = Monitored(torch.optim.AdamW)(list(net.parameters()), lr=1e-2,
+                                       monitor=MonitorConfig(backend="none", every=1, model=compiled))
+    assert opt.monitor.watch(compiled) == []
+    net(torch.randn(3, 4)).square().mean().backward()
+    before = {n: p.detach().clone() for n, p in net.named_parameters()}
+    opt.step()
+    norms = {tag.split("/", 1)[1]: value for tag, value in opt.monitor.latest.items() if tag.startswith("update_norm/")}
+    assert set(norms) == set(before)
+    for name, p in net.named_parameters():
+        assert norms[name] == pytest.approx((p.detach().double() - before[name].double()).norm().item(), rel=1e-6)
