@@ -34,9 +34,8 @@ class Models:
             weakref.finalize(p, self.names.pop, id(p), None)
 
     def watch(self, model: torch.nn.Module) -> None:
-        """Name the parameters after ``model``, and keep it (weakly, :func:`unwrapped`) among the models
-        watched."""
-        self._watched.append(weakref.ref(unwrapped(model)))
+        """Name the parameters after ``model``, and keep it (weakly) among the models watched."""
+        self._watched.append(weakref.ref(model))
         self.name_after(model)
 
     def watched(self) -> list[torch.nn.Module]:

@@ -148,9 +148,10 @@ class Monitor(ReadBack):
         """
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"watch() expects a torch.nn.Module, got {type(model).__name__}")
+        model = unwrapped(model)  # torch.compile's wrapper: the model's own names
         self._models.watch(model)
         optimizer, layout = self._optimizer(), self._search.layout
-        return [] if optimizer is None else self.health.check_watched(unwrapped(model), layout.model_params(optimizer))
+        return [] if optimizer is None else self.health.check_watched(model, layout.model_params(optimizer))
 
     def run(self, optimizer: torch.optim.Optimizer, step_fn: Callable[..., Any],
             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -207,7 +208,7 @@ class Monitor(ReadBack):
         elif pending is None:
             self._count.step += 1
         else:
-            self._finish(optimizer, pending)
+            self._finish(pending)
 
     @stage()
     def _before(self, pending: Pending, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -231,12 +232,13 @@ class Monitor(ReadBack):
         self.capture.after(pending.read.state, entries, pending.batch)
 
     @stage(last=True)
-    def _finish(self, optimizer: torch.optim.Optimizer, pending: Pending) -> None:
+    def _finish(self, pending: Pending) -> None:
         """Stages 5 to 7: count the step, reduce, compute the figures, deliver."""
         self._count.step += 1
         sharding, entries = pending.sharding, pending.entries
         self.capture.finish(entries)
         roster = self.capture.roster(entries, sharding.shape)
+        optimizer = pending.optimizer
         source = self._search.layout.source(optimizer)
         lr_values = tensor_lrs(source)
         hosted, read_lrs, reduced = reduce.gather(entries, roster, pending.batch.finish(), lr_values, sharding,
