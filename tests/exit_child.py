@@ -31,5 +31,6 @@ for i in range(5):
         print(json.dumps(opt.monitor.latest), flush=True)
         if how == "ctrl-c":
             raise KeyboardInterrupt
-if how.startswith("sigterm"):
-    time.sleep(120)
+if how.startswith("sigterm"):  # short sleeps: a signal that lands on another thread (a tracker's) runs
+    for _ in range(1200):        # its Python handler only when the main thread runs again, as a loop does
+        time.sleep(0.1)
