@@ -112,16 +112,17 @@ BITS = {torch.float32: (torch.int32, 23, 8), torch.bfloat16: (torch.int16, 7, 8)
 """Dtype -> (the integer dtype of its bits, mantissa bits, exponent bits): the dtypes binned from
 their bits (float16 is binned as float32, where its subnormals are normal)."""
 
-_FOLDS: dict[tuple[torch.dtype, torch.device], Tensor] = {}
+_FOLDS: dict[tuple[torch.dtype, torch.device, bool], Tensor] = {}
 
 
 def counts(x: Tensor, scale: Tensor | None = None, work: Any = None) -> Tensor:
     """The histogram of ``x``'s finite elements over :data:`EDGES`, on ``x``'s device.
 
-    Each element's bin comes from its bits (:func:`keys`): its sign and the exponent of ``|x|``,
-    of ``|x|`` less one unit in the last place for a negative one (so that ``-2**k`` is the lower end
-    of its bin, as numpy's half-open bins have it). The keys are counted with one ``index_add_``
-    (no host sync, unlike ``bincount`` on CUDA) and folded into the bins (:func:`fold`).
+    Each element's bin comes from its bits (:func:`keys`, or :func:`finite_keys` for a CPU tensor whose
+    elements are all finite): its sign and the exponent of ``|x|``, of ``|x|`` less one unit in the
+    last place for a negative one (so that ``-2**k`` is the lower end of its bin, as numpy's half-open
+    bins have it). The keys are counted with one ``index_add_`` (no host read, unlike ``bincount``)
+    and folded into the bins (:func:`fold`).
 
     Args:
         x: a floating tensor of any shape, dtype and layout (float16 is binned after an exact upcast
@@ -135,15 +136,22 @@ def counts(x: Tensor, scale: Tensor | None = None, work: Any = None) -> Tensor:
         with the other pieces, exactly up to 2**53 elements).
     """
     flat = _flat(x, scale)
-    return _counted(keys(flat, work), fold(flat.dtype, flat.device), 1)[0]
+    return _binned(flat, _finite_ends(flat) is not None, work)
 
 
 def pieces(series: str, x: Tensor, scale: Tensor | None = None, work: Any = None) -> dict[str, Tensor]:
     """The pieces of ``x``'s histogram under ``series``: its :func:`counts` and the :func:`extent`
     of the same finite elements, by key of :data:`PIECES` (arguments as :func:`counts`')."""
     flat = _flat(x, scale)
-    counted = _counted(keys(flat, work), fold(flat.dtype, flat.device), 1)[0]
-    return dict(zip((series, *extent_keys(series)), (counted, *extent(flat, work))))
+    ends = _finite_ends(flat)
+    extents = extent(flat, work) if ends is None else (*ends, _sums(flat, work))
+    return dict(zip((series, *extent_keys(series)), (_binned(flat, ends is not None, work), *extents)))
+
+
+def _binned(flat: Tensor, finite: bool, work: Any) -> Tensor:
+    """The :func:`counts` of a 1-D tensor of a dtype of :data:`BITS`; ``finite``: each element is."""
+    key = finite_keys(flat, work) if finite else keys(flat, work)
+    return _counted(key, fold(flat.dtype, flat.device, finite), 1)[0]
 
 
 def extent(flat: Tensor, work: Any = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -151,19 +159,16 @@ def extent(flat: Tensor, work: Any = None) -> tuple[Tensor, Tensor, Tensor]:
 
     The sums are taken in float64 one slice of :data:`~monitored_optim.stats.SLICE` elements at a
     time (a part of a parameter is one slice), so the temporaries stay 2 MiB whatever the tensor's
-    size. On the CPU, where a value is read without a device sync, a tensor whose min and max are
-    finite (so is every element: NaN propagates to both) skips the masking of non-finite elements.
+    size. A CPU tensor whose elements are all finite (:func:`_finite_ends`) skips the masking of
+    non-finite elements.
 
     Returns:
         ``(min, max, sums)`` of shapes ``(1,)``, ``(1,)``, ``(2,)``; min is +inf and max -inf where
         no element is finite (the identities of their reductions: no value), the sums then 0.
     """
-    if flat.numel() and flat.device.type == "cpu":
-        low, high = torch.aminmax(flat)
-        if bool((high - low).isfinite()):
-            parts = [torch.stack([x.sum(), torch.dot(x, x)]) for x in _wide_slices(flat, work)]
-            sums = parts[0] if len(parts) == 1 else torch.stack(parts).sum(0)
-            return low.double().reshape(1), high.double().reshape(1), sums
+    ends = _finite_ends(flat)
+    if ends is not None:
+        return (*ends, _sums(flat, work))
     inf = torch.full((1,), math.inf, dtype=torch.float64, device=flat.device)
     low, high, sums = inf, -inf, torch.zeros(2, dtype=torch.float64, device=flat.device)
     for x in _wide_slices(flat, work):
@@ -173,6 +178,23 @@ def extent(flat: Tensor, work: Any = None) -> tuple[Tensor, Tensor, Tensor]:
         low = torch.minimum(low, x.masked_fill_(bad, math.inf).amin())  # the sums are taken: x is free
         high = torch.maximum(high, x.masked_fill_(bad, -math.inf).amax())
     return low, high, sums
+
+
+def _finite_ends(flat: Tensor) -> tuple[Tensor, Tensor] | None:
+    """The min and max of a non-empty CPU tensor whose elements are all finite, float64 of shape
+    ``(1,)`` each; None on another device (where reading a value waits for the device), for an empty
+    tensor, or where an element is NaN or infinite (NaN reaches both ends; so does an overflow of
+    max - min, which only costs the general path)."""
+    if not flat.numel() or flat.device.type != "cpu":
+        return None
+    low, high = torch.aminmax(flat)
+    return (low.double().reshape(1), high.double().reshape(1)) if bool((high - low).isfinite()) else None
+
+
+def _sums(flat: Tensor, work: Any) -> Tensor:
+    """``(Σx, Σx²)`` of a 1-D tensor whose elements are all finite, float64 of shape ``(2,)``."""
+    parts = [torch.stack([x.sum(), torch.dot(x, x)]) for x in _wide_slices(flat, work)]
+    return parts[0] if len(parts) == 1 else torch.stack(parts).sum(0)
 
 
 def _wide_slices(flat: Tensor, work: Any) -> Iterator[Tensor]:
@@ -248,28 +270,58 @@ def keys(flat: Tensor, work: Any = None) -> Tensor:
     kind, mantissa, exponent = BITS[flat.dtype]
     top, sign = (1 << exponent) - 1, torch.iinfo(kind).min
     bits = flat.contiguous().view(kind)
-
-    def room(name: str, dtype: torch.dtype = kind) -> Tensor:
-        return torch.empty_like(bits, dtype=dtype) if work is None else work.named(name, bits, dtype)
-
-    neg = torch.bitwise_right_shift(bits, 8 * bits.element_size() - 1, out=room("neg"))  # -1 if negative, else 0
-    key = torch.bitwise_and(bits, ~sign, out=room("key"))  # |x|'s bits
+    neg = torch.bitwise_right_shift(bits, 8 * bits.element_size() - 1, out=_room(work, "neg", bits))  # -1 if < 0
+    key = torch.bitwise_and(bits, ~sign, out=_room(work, "key", bits))  # |x|'s bits
     key += neg
     key >>= mantissa
     key.sub_(neg, alpha=top + 2)
-    key.masked_fill_(torch.eq(bits, sign | (top << mantissa), out=room("inf", torch.bool)), top)  # -inf: as +inf
+    minus_inf = torch.eq(bits, sign | (top << mantissa), out=_room(work, "inf", bits, torch.bool))
+    key.masked_fill_(minus_inf, top)  # as +inf
     return key if kind is not torch.int16 else key.int()  # index_add_ takes int32 and int64 indices
 
 
-def fold(dtype: torch.dtype, device: torch.device) -> Tensor:
-    """Key (:func:`keys`) -> bin, int64 on ``device`` (:data:`NBINS` for a key not binned: inf, NaN)."""
-    table = _FOLDS.get((dtype, device))
+def finite_keys(flat: Tensor, work: Any = None) -> Tensor:
+    """Each element's key, from its bits, for a tensor whose elements are all finite: ``E`` (the biased
+    exponent) for a positive element, ``E' + top + 1`` for a negative one (``E'`` that of ``|x|`` less
+    one unit in the last place; ``top`` the all-ones exponent); -0.0, whose bits less one wrap round to
+    the largest integer, gets ``top``, the key of no finite element. Four integer passes where
+    :func:`keys` takes seven; the keys differ, and so does their :func:`fold`.
+
+    Args:
+        flat: 1-D tensor of a dtype of :data:`BITS`, without NaN or infinities.
+        work: as :func:`keys`'.
+
+    Returns:
+        int32 (int64 for float64) tensor like ``flat``, values in ``[0, 2·top + 1]``.
+    """
+    kind, mantissa, exponent = BITS[flat.dtype]
+    bits = flat.contiguous().view(kind)
+    neg = torch.bitwise_right_shift(bits, 8 * bits.element_size() - 1, out=_room(work, "neg", bits))  # -1 if < 0
+    key = torch.add(bits, neg, out=_room(work, "key", bits))
+    key >>= mantissa  # a negative's key is now E' - top - 1 (arithmetic shift)
+    key &= (2 << exponent) - 1
+    return key if kind is not torch.int16 else key.int()  # index_add_ takes int32 and int64 indices
+
+
+def _room(work: Any, name: str, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """A temporary shaped like ``like`` (of its dtype, or ``dtype``): ``work``'s buffer ``name``, valid
+    until its next request of that name, or a new tensor where ``work`` is None."""
+    kind = like.dtype if dtype is None else dtype
+    return torch.empty_like(like, dtype=kind) if work is None else work.named(name, like, kind)
+
+
+def fold(dtype: torch.dtype, device: torch.device, finite: bool = False) -> Tensor:
+    """Key -> bin, int64 on ``device``: of :func:`keys`, or with ``finite`` of :func:`finite_keys`
+    (:data:`NBINS` for a key not binned: inf, NaN)."""
+    table = _FOLDS.get((dtype, device, finite))
     if table is None:
         top = (1 << BITS[dtype][2]) - 1
         bias = top >> 1
         up = [NBINS if e == top else ZERO if e == 0 else _bin(e - bias, 1) for e in range(top + 1)]
         down = [NBINS if e == top else ZERO if e <= 0 else _bin(e - bias, -1) for e in range(-1, top + 1)]
-        table = _FOLDS[dtype, device] = torch.tensor(up + down, dtype=torch.int64, device=device)
+        if finite:  # top: -0.0; a negative's E' from 0
+            up[top], down = ZERO, down[1:]
+        table = _FOLDS[dtype, device, finite] = torch.tensor(up + down, dtype=torch.int64, device=device)
     return table
 
 

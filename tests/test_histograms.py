@@ -161,6 +161,28 @@ def test_the_edges_are_exact_in_every_dtype_and_values_on_them_go_up():
     assert H.counts(torch.zeros(0)).sum() == 0 and H.counts(torch.ones(3, dtype=torch.complex64)).sum() == 6
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_the_finite_path_counts_as_the_general_one(dtype):
+    """A CPU tensor without NaN or infinities is binned from finite_keys: the same counts as from keys,
+    -0.0 (whose bits wrap round) in the zero bin wherever it lies, the largest and the subnormal
+    values of the dtype included. (A tensor holding both -max and max takes the general path: their
+    difference overflows.)"""
+    g = torch.Generator().manual_seed(1)
+    info = torch.finfo(dtype)
+    small = torch.tensor([info.tiny, -info.tiny, info.tiny / 2, -info.tiny / 2, 0.0, -0.0], dtype=torch.float64)
+    spread = (torch.randn(10_007, generator=g, dtype=torch.float64)
+              * 10.0 ** torch.randint(-16, 9, (10_007,), generator=g)).clamp(-info.max, info.max)
+    zeros = torch.full((1037,), -0.0, dtype=torch.float64)
+    top, bottom = torch.cat([small, small.new_tensor([info.max])]), torch.cat([small, small.new_tensor([-info.max])])
+    for x in (top, bottom, small, spread, zeros, torch.cat([spread, zeros, -spread]), zeros[:3]):
+        flat = H._flat(x.to(dtype), None)
+        assert H._finite_ends(flat) is not None  # the finite path is the one taken
+        general = H._counted(H.keys(flat), H.fold(flat.dtype, flat.device), 1)[0]
+        assert torch.equal(H.counts(x.to(dtype)), general)
+        with np.errstate(over="ignore"):  # the truth's sum of squares of float64's max: only its counts are read
+            assert H.counts(x.to(dtype)).tolist() == truth(x.to(dtype))
+
+
 def test_a_closure_step_bins_the_grads_its_closure_makes():
     """``opt.step(closure)``: the grads the step uses are those the closure makes inside it (stale
     zeros before), and those are binned."""
