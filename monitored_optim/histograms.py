@@ -159,8 +159,7 @@ def extent(flat: Tensor, work: Any = None) -> tuple[Tensor, Tensor, Tensor]:
 
     The sums are taken in float64 one slice of :data:`~monitored_optim.stats.SLICE` elements at a
     time (a part of a parameter is one slice), so the temporaries stay 2 MiB whatever the tensor's
-    size. A CPU tensor whose elements are all finite (:func:`_finite_ends`) skips the masking of
-    non-finite elements.
+    size. A CPU tensor whose elements are all finite skips the masking of non-finite elements.
 
     Returns:
         ``(min, max, sums)`` of shapes ``(1,)``, ``(1,)``, ``(2,)``; min is +inf and max -inf where
