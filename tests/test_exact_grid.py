@@ -383,3 +383,29 @@ def test_at_powers_of_two_bound_counts_nonzero_powers_of_two(layout):
     assert got == pytest.approx(want, rel=1e-6)  # the largest |p| squared in float32
     assert got >= rules.at_powers_of_two(x, x).item()
     assert rules.at_powers_of_two_bound(x, change.bounds(x), Workspace(x.numel() * 4 - 4)) is None
+
+
+@pytest.mark.parametrize("value", [1.0, -0.5, 0.0])
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "fused"])
+@pytest.mark.parametrize("cls", [O.AdamW, O.SGD], ids=["adamw", "sgd"])
+def test_a_matrix_filled_with_a_constant_after_the_build_is_inverted_exactly(cls, compile, value, tmp_path):
+    """N(0, 1) weights set to one constant between two logging steps (a re-initialisation, after the
+    snapshot rule measured them spread): that logging step still inverts them, and p_before is
+    known to be the constant from its min and max alone, so its update norm equals the clone
+    truth's at lr 1e-7, whose steps cross the power of two at 1.0 and -0.5."""
+    gen = torch.Generator().manual_seed(2)
+    named = [("w", torch.nn.Parameter(torch.randn(256, 256, generator=gen)))]
+    opt = Monitored(cls)(named, lr=1e-7, monitor=MonitorConfig(backend="none", compile=compile, logdir=tmp_path))
+    for step in range(1, 5):
+        if step == 4:
+            with torch.no_grad():
+                named[0][1].fill_(value)
+        named[0][1].grad = torch.randn(256, 256, generator=gen)
+        before, grads = truth.snapshot(named)
+        opt.step()
+        want = truth.figures(named, before, grads)
+        if step == 4:  # the norms: a constant's ratios are undefined (its one-pass moments say withheld)
+            want = {tag: value for tag, value in want.items() if "norm" in tag}
+        truth.assert_figures_match({tag: opt.monitor.latest[tag] for tag in want} if step == 4
+                                   else opt.monitor.latest, want)
+    assert "rounding risk" not in opt.monitor.describe().split("next:")[0]  # step 4 took the inversion

@@ -207,10 +207,8 @@ def stored_change(p: Tensor, intended: Tensor | Scaled | Stores | None, before: 
         p_b = p_b.sub_(d, alpha=alpha) if k else torch.sub(p_b, d, alpha=alpha, out=room(p_b, work))
     if not _is_one(s):  # p_b is the loop's own tensor (every view stores at least one d)
         p_b.div_(s.to(p_b.dtype) if isinstance(s, Tensor) else s)
-    if extremes is not None:  # w = 1: exactly the constant c; w = 0: p_b itself (1·p_b + 0)
-        same = extremes[0] == extremes[1]
-        w, c = same.to(p_b.dtype), torch.where(same, extremes[0], 0.0).to(p_b.dtype)  # c, not NaN·0: a NaN
-        p_b.mul_(1 - w).add_(c * w)  # or an infinity in p_before leaves the other elements' u finite
+    if extremes is not None:  # a constant p_before (min = max) was that value exactly; one pass, no product,
+        torch.where(extremes[0] == extremes[1], extremes[0].to(p_b.dtype), p_b, out=p_b)  # so a NaN stays put
     u = torch.sub(real(after), p_b, out=p_b)
     u = torch.view_as_complex(u) if after.is_complex() else u
     return u, (_total([d for d, _ in adds]) if meant and _is_one(s) else None)

@@ -247,13 +247,12 @@ def risky_when_built(params: list[Tensor]) -> list[bool]:
 def at_powers_of_two_bound(p: Tensor, extremes: Tensor | None, work: Workspace | None = None) -> Tensor | None:
     """An upper bound of :func:`at_powers_of_two` (p, p) in a few eager ops, for the eager inversion.
 
-    It is the count of nonzero
-    elements exactly at a power of two (:func:`mantissa_gap` 0; ±inf count as not, nor does any
-    figure of a part holding them stay finite) times the larger square of p's
-    :func:`~monitored_optim.capture.change.bounds`, float64
-    of shape (1,). None for a dtype other than float32/float64, without bounds, or for a part larger than ``work``'s
-    buffer (the whole matrices of views that are not element-wise: Adafactor's, Muon's), whose
-    measure would hold a temporary of their size before the step.
+    It is the count of nonzero elements whose mantissa bits are all zero (±2^k, and ±inf, with which
+    no figure of the part stays finite anyway) times the larger square of p's
+    :func:`~monitored_optim.capture.change.bounds`, float64 of shape (1,). None for a dtype other than
+    float32/float64, without bounds, or for a part larger than ``work``'s buffer (the whole matrices of
+    views that are not element-wise: Adafactor's, Muon's), whose measure would hold a temporary of
+    their size before the step.
 
     Args:
         p: a float32/float64 part before the step (any shape).
@@ -265,9 +264,15 @@ def at_powers_of_two_bound(p: Tensor, extremes: Tensor | None, work: Workspace |
     if p.dtype not in HALF_ULP or extremes is None or too_large:
         return None
     x = p.detach()
-    inexact = torch.count_nonzero(mantissa_gap(x, None if work is None else work.one(x)))
-    exact = torch.count_nonzero(x) - inexact  # zeros have no mantissa bits either, and no miss
+    kind, shift = _MANTISSA_SHIFT[x.dtype]
+    mantissa = torch.bitwise_left_shift(x.view(kind), shift, out=None if work is None else work.one(x).view(kind))
+    exact = torch.count_nonzero(x) - torch.count_nonzero(mantissa)  # zeros have no mantissa bits either
     return (exact * extremes.abs().max().square()).double().reshape(1)
+
+
+_MANTISSA_SHIFT = {torch.float32: (torch.int32, 9), torch.float64: (torch.int64, 12)}
+"""Dtype -> (the integer dtype of its bits, its sign and exponent width): shifted left by that width,
+only the mantissa bits are left."""
 
 
 def _slices(x: Tensor, limit: int) -> list[Tensor]:
