@@ -20,6 +20,7 @@ import models
 import test_backends
 from monitored_optim import Monitored, MonitorConfig
 from monitored_optim.__main__ import main
+from monitored_optim.histograms import EDGES
 from monitored_optim.report import (Param, ReportError, Run, kind_of, load_run, parameters, plot_run, rows_noun,
                                     summarize)
 
@@ -274,6 +275,28 @@ def test_not_a_dir_garbage_events_and_parent_of_runs(tmp_path, capsys):
     assert main(["report", "runs/a", "--plot", "no/such/dir/x.png"]) == 1
     assert "no/such/dir/x.png: cannot write the plot" in capsys.readouterr().err
 
+
+
+@pytest.mark.parametrize("flag", ["--plot", "--heatmap", "--histograms"])
+def test_an_image_path_without_a_suffix_or_naming_a_directory(flag, tmp_path, capsys, monkeypatch):
+    """A path without a suffix gets ``.png``, as matplotlib saves it, and the message names that file;
+    a path that is a directory is one clear line and exit status 1, nothing written beside it."""
+    run_dir = tmp_path / "run"
+    train("jsonl", run_dir, steps=4)
+    (tmp_path / "out").mkdir()
+    monkeypatch.chdir(tmp_path)
+    written = {"--plot": "plot", "--heatmap": "heatmap", "--histograms": "histograms"}[flag]
+    if flag == "--histograms":
+        rows = [{"step": step, "edges": list(EDGES), "update_hist/fc1.weight": {"start": 40, "counts": [1, step, 3]}}
+                for step in range(1, 5)]
+        (run_dir / "histograms.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["report", "run", flag, "picture"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(f"{written} written to picture.png")
+    assert (tmp_path / "picture.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["report", "run", flag, "out"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "out: is a directory" in err, err
+    assert not (tmp_path / "out.png").exists() and not any((tmp_path / "out").iterdir())
 
 def test_bad_last_is_a_usage_error(tmp_path):
     with pytest.raises(SystemExit) as exc:

@@ -163,7 +163,7 @@ def plot_histograms(run: Run, path: str | Path, *, params: str | None = None, dp
     on a log scale (white: none). From ``{run.path}/histograms.jsonl`` (:func:`load_histograms`).
 
     Returns:
-        ``path`` as a :class:`~pathlib.Path`.
+        The path written (``.png`` added where ``path`` has no suffix), as a :class:`~pathlib.Path`.
 
     Raises:
         ReportError: as :func:`load_histograms` and :func:`layers`; matplotlib is missing; the file

@@ -50,10 +50,10 @@ def _drawing(plot: Callable[..., Path]) -> Callable[..., Path]:
 @_drawing
 def plot_run(run: Run, path: str | Path, *, params: str | None = None, dpi: int = 110) -> Path:
     """Draw :func:`draw_run`'s figure of ``run`` and save it at ``path`` (format from the suffix,
-    e.g. ``.png``; its directory must exist) at ``dpi``.
+    e.g. ``.png``, which a path without one gets; its directory must exist) at ``dpi``.
 
     Returns:
-        ``path`` as a :class:`~pathlib.Path`.
+        The path written, as a :class:`~pathlib.Path`.
 
     Raises:
         ReportError: as :func:`draw_run`, or the file cannot be written.
@@ -115,7 +115,7 @@ def plot_heatmap(run: Run, path: str | Path, *, dpi: int = 110) -> Path:
         dpi: resolution of the saved image.
 
     Returns:
-        ``path`` as a :class:`~pathlib.Path`.
+        The path written (``.png`` added where ``path`` has no suffix), as a :class:`~pathlib.Path`.
 
     Raises:
         ReportError: matplotlib or numpy is missing, the run has no ratios, the ratios cannot be
@@ -190,7 +190,13 @@ def _png(fig, dpi: int = 110) -> bytes:
 
 
 def _save(fig, path: str | Path, dpi: int) -> Path:
+    """Save ``fig`` at ``path`` (``.png`` added where it has no suffix, as matplotlib would); the path
+    written. Raises :class:`ReportError` for a directory or a file that cannot be written."""
     path = Path(path)
+    if path.is_dir():
+        raise ReportError(f"{path}: is a directory; give the image's file name, as {path / 'plot.png'}")
+    if not path.suffix:
+        path = path.with_name(f"{path.name}.png")
     try:
         fig.savefig(path, dpi=dpi, bbox_inches="tight")
     except OSError as exc:
