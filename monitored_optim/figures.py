@@ -69,7 +69,7 @@ class Figures:
                 for kind, v in zip(("param", "grad", "update"), table.sq_norm.sum(0).tolist())}
         rest.update(learning_rates(optimizer, lrs))
         if "health" in self.settings.figures:  # its counts and warnings need the grads it reduces
-            rest.update(self.health.figures(_health_checks(roster.names, table, held), step))
+            rest.update(self.health.figures(_health_checks(roster.names, table, held, roster.frozen), step))
         if self.families:
             group_lr = {id(group): lr for group, lr in zip(groups, lrs if group_lrs is None else group_lrs)}
             seen = families.Step(step, roster.names, table, hosted.pieces, list(map(group_lr.get, roster.groups)),
@@ -123,11 +123,13 @@ def _tags(name: str) -> tuple[str, ...]:
             f"grad_norm/{name}", f"grad_to_data/{name}")
 
 
-def _health_checks(names: list[str], table: reduce.MomentTable, held: list[bool] | None = None) -> Checks:
+def _health_checks(names: list[str], table: reduce.MomentTable, held: list[bool] | None = None,
+                   frozen: list[bool] | None = None) -> Checks:
     """The :class:`~monitored_optim.health.Checks` of a logging step from its table: a grad where the
     table has one, unchanged where it had a grad and its update is all zeros (unless ``held``, per
     parameter: by the optimizer's design), non-finite values, grads (where it had one) and updates,
-    and the ratios withheld for sums too coarse to tell their spread."""
+    the ratios withheld for sums too coarse to tell their spread, and ``frozen`` (per parameter:
+    frozen on purpose; None: none is)."""
     has_grad = table.has[:, 1]
     unchanged = has_grad & table.all_zero[:, 2] & (table.n[:, 0] > 0)
     if held is not None:
@@ -140,7 +142,8 @@ def _health_checks(names: list[str], table: reduce.MomentTable, held: list[bool]
                      for i, row in zip(rows.nonzero().flatten().tolist(), bad[rows].tolist())}
     coarse = table.coarse
     withheld = torch.stack([coarse[:, 2] | coarse[:, 0], has_grad & (coarse[:, 1] | coarse[:, 0])])
-    return Checks(names, has_grad.tolist(), unchanged.tolist(), nonfinite, sum(withheld.flatten().tolist()))
+    return Checks(names, has_grad.tolist(), unchanged.tolist(), nonfinite, sum(withheld.flatten().tolist()),
+                  frozen or [False] * len(names))
 
 
 def tensor_lrs(optimizer: torch.optim.Optimizer) -> dict[int, Tensor]:

@@ -21,8 +21,8 @@ STALE_AFTER = 3
 """Consecutive logging steps a parameter with a gradient may stay exactly unchanged (or a parameter
 may have no gradient) before a warning.
 
-Three logging steps tell a frozen-by-mistake or lost-to-rounding parameter from a single step that
-happened to leave it alone (Rprop's suppressed steps, a zero gradient row)."""
+Three logging steps tell a parameter cut off from the loss by mistake, or one lost to rounding, from
+a single step that happened to leave it alone (Rprop's suppressed steps, a zero gradient row)."""
 
 
 class Checks(NamedTuple):
@@ -37,6 +37,8 @@ class Checks(NamedTuple):
         withheld: how many ratios (``update_to_data``, ``grad_to_data``) were not sent because
             their one-pass sums could not tell a spread tiny next to the mean (sent again from the
             next logging step, which centres them).
+        frozen: frozen on purpose (``requires_grad=False``): its missing grad is by design, counted
+            but not warned about; empty: none is.
     """
 
     names: list[str]
@@ -44,6 +46,7 @@ class Checks(NamedTuple):
     unchanged: list[bool]
     nonfinite: dict[str, tuple[str, ...]]
     withheld: int = 0
+    frozen: list[bool] = []
 
 
 class Health:
@@ -106,10 +109,13 @@ class Health:
             "rounding"))
 
     def _warn_no_grad(self, checks: Checks, step: int) -> None:
-        self._warn_streak("no_grad", checks.names, [not g for g in checks.has_grad], self._no_grad_streak,
+        frozen = checks.frozen or [False] * len(checks.names)
+        self._warn_streak("no_grad", checks.names, [not (g or f) for g, f in zip(checks.has_grad, frozen)],
+                          self._no_grad_streak,
                           lambda name, n: (
             f"monitored_optim: parameter {name!r} has had no gradient for {n} logging steps (step {step}): "
-            "frozen by mistake, or a layer that forward never uses; unfreeze it or leave it out of the optimizer"))
+            "a layer that forward never uses, or one cut off from the loss (detach, no_grad); connect it or leave "
+            "it out of the optimizer"))
 
     def _warn_streak(self, kind: str, names: list[str], now: list[bool], streaks: dict[str, int],
                      message: Callable[[str, int], str]) -> None:

@@ -131,6 +131,24 @@ def test_a_parameter_without_grad_is_warned_by_name_after_three_logging_steps(tm
     assert "(the same for 1 more parameter: 'unused.bias')" in told[0]
 
 
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "fused"])
+def test_a_parameter_frozen_on_purpose_is_counted_but_not_warned_about(compile, tmp_path):
+    """A parameter set to ``requires_grad=False`` after the optimizer took it (a frozen layer left in
+    the optimizer, as fine-tuning code often does) has no grad by design: ``health/no_grad`` counts it,
+    and only the unused layer, which has no grad by mistake, is warned about."""
+    problem = models.mlp()
+    problem.model["fc1"].weight.requires_grad_(False)
+    opt = Monitored(torch.optim.SGD)(problem.groups, lr=0.1, monitor=MonitorConfig(
+        backend="none", logdir=tmp_path, compile=compile))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(opt, problem, 5)
+    told = [str(w.message) for w in caught if "no gradient" in str(w.message)]
+    assert len(told) == 1 and "parameter 'unused.weight' has had" in told[0], told
+    assert "fc1.weight" not in told[0] and "(the same for 1 more parameter: 'unused.bias')" in told[0]
+    assert opt.monitor.latest["health/no_grad"] == 3  # fc1.weight, unused.weight, unused.bias
+
 def test_shared_logdir_is_warned_only_while_both_monitors_are_open(tmp_path):
     config = MonitorConfig(backend="jsonl", logdir=tmp_path)
     problem = models.mlp()

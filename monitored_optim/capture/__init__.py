@@ -24,6 +24,7 @@ Words used throughout:
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from collections.abc import Callable
@@ -38,7 +39,7 @@ from ..updates import CLONE, View, elementwise, raw_step
 from .eager import Eager, chunks, record_grads
 from .fused import Fused, chunk_flat, dense_grad
 from .plan import (CLONED, FUSED_COPY, FUSED_REBUILD, Entries, Entry, Plan, Planned, Roster,
-                   Stepped, assign_slots, composition, fingerprint, names, route)
+                   Stepped, assign_slots, composition, fingerprint, frozen, names, route)
 from .rules import RiskMemory, shared, snapshot_reason
 from .spent import FLAT_LABEL, Spent, taken as taken_label
 from .change import PART_ELEMENTS, Part, budget, parts
@@ -236,12 +237,15 @@ class Capture:
 
     def roster(self, entries: Entries, shape: Any = None) -> Roster:
         """This logging step's :class:`~monitored_optim.capture.plan.Roster`: the last one where its plan
-        and the composition of its entries not captured flat are the same, else a new one
-        (``shape``: see :meth:`~monitored_optim.capture.plan.Roster.of`)."""
+        and the composition of its entries not captured flat are the same (with the parameters frozen
+        now), else a new one (``shape``: see :meth:`~monitored_optim.capture.plan.Roster.of`)."""
         kept, order = self._roster, composition(entries.unflat)
         if kept is None or kept.plan is not self.plan or kept.composition != order:
             assert self.plan is not None  # planned by before()
             kept = self._roster = Roster.of(self.plan, order, entries.leads, shape)
+        now = frozen(entries.leads)
+        if now != kept.frozen:  # requires_grad changed since (a layer frozen or unfrozen in training)
+            kept = self._roster = dataclasses.replace(kept, frozen=now)
         return kept
 
     def remember(self, roster: Roster, hosted: reduce.Hosted) -> None:

@@ -349,6 +349,8 @@ class Roster:
         groups: ``N`` ints, ``id`` of each parameter's param group.
         low: indices of the parameters in bf16/fp16.
         captured: indices of the parameters not captured flat.
+        frozen: ``N`` bools, each whether the parameter was frozen on purpose at this logging step (an
+            ``nn.Parameter`` with ``requires_grad=False``: no grad by design), :func:`frozen`.
         position: name -> index.
     """
 
@@ -362,6 +364,7 @@ class Roster:
     groups: list[int]
     low: list[int]
     captured: list[int]
+    frozen: list[bool]
     position: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -379,7 +382,7 @@ class Roster:
         return cls(plan, composition, [e.name for e in leads], index.reshape(-1, len(stats.KINDS)),
                    [e.whole.shape if shape is None else shape(e.p) for e in leads], [e.p.dtype for e in leads],
                    eps, [id(e.group) for e in leads], low,
-                   [i for i, e in enumerate(leads) if e.flat is None])
+                   [i for i, e in enumerate(leads) if e.flat is None], frozen(leads))
 
 
     def joined(self, remote: list[Any], names: list[str] | None = None) -> Roster:
@@ -397,7 +400,14 @@ class Roster:
                       self.shapes + [torch.Size(r.shape) for r in remote], self.dtypes + dtypes,
                       torch.cat([self.eps, torch.tensor([machine_eps(d) for d in dtypes], dtype=torch.float64)]),
                       self.groups + [0] * len(remote),
-                      self.low + [start + i for i, d in enumerate(dtypes) if d in LOW_PRECISION], self.captured)
+                      self.low + [start + i for i, d in enumerate(dtypes) if d in LOW_PRECISION], self.captured,
+                      self.frozen + [False] * len(remote))
+
+
+def frozen(leads: list[Entry]) -> list[bool]:
+    """Per parameter (its lead entry), whether it is frozen on purpose now: an ``nn.Parameter`` whose
+    ``requires_grad`` is False (a flat buffer or shard an engine made is not one)."""
+    return [isinstance(e.whole, torch.nn.Parameter) and not e.whole.requires_grad for e in leads]
 
 
 def composition(entries: list[Entry]) -> list[tuple[str, bool, bool, tuple[int, ...]]]:
