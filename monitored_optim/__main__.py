@@ -50,11 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run = load_run(args.run_dir)
         print_report(summarize(run, last=args.last))
-        if args.plot:
+        if args.plot is not None:
             print(f"plot written to {plot_run(run, args.plot, params=args.params)}")
-        if args.heatmap:
+        if args.heatmap is not None:
             print(f"heatmap written to {plot_heatmap(run, args.heatmap)}")
-        if args.histograms:
+        if args.histograms is not None:
             print(f"histograms written to {plot_histograms(run, args.histograms, params=args.params)}")
     except ReportError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

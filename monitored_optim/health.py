@@ -37,8 +37,8 @@ class Checks(NamedTuple):
         withheld: how many ratios (``update_to_data``, ``grad_to_data``) were not sent because
             their one-pass sums could not tell a spread tiny next to the mean (sent again from the
             next logging step, which centres them).
-        frozen: frozen on purpose (``requires_grad=False``): its missing grad is by design, counted
-            but not warned about; empty: none is.
+        frozen: frozen on purpose (an ``nn.Parameter`` with ``requires_grad=False``): no grad, or no
+            change, by design: counted but not warned about; empty: none is.
     """
 
     names: list[str]
@@ -103,14 +103,14 @@ class Health:
             "overflow in low precision"))
 
     def _warn_unchanged(self, checks: Checks, step: int) -> None:
-        self._warn_streak("unchanged", checks.names, checks.unchanged, self._unchanged_streak, lambda name, n: (
+        self._warn_streak("unchanged", checks.names, _unless_frozen(checks.unchanged, checks),
+                          self._unchanged_streak, lambda name, n: (
             f"monitored_optim: parameter {name!r} has a gradient but has not changed for {n} logging steps "
             f"(step {step}): a zero gradient (dead ReLU), a zero learning rate, or updates lost to bf16/fp16 "
             "rounding"))
 
     def _warn_no_grad(self, checks: Checks, step: int) -> None:
-        frozen = checks.frozen or [False] * len(checks.names)
-        self._warn_streak("no_grad", checks.names, [not (g or f) for g, f in zip(checks.has_grad, frozen)],
+        self._warn_streak("no_grad", checks.names, _unless_frozen([not g for g in checks.has_grad], checks),
                           self._no_grad_streak,
                           lambda name, n: (
             f"monitored_optim: parameter {name!r} has had no gradient for {n} logging steps (step {step}): "
@@ -149,3 +149,9 @@ class Health:
             shown = ", ".join(repr(n) for n in more[:5]) + (f" and {len(more) - 5} more" if len(more) > 5 else "")
             text += f" (the same for {len(more)} more parameter{'s' if len(more) > 1 else ''}: {shown})"
         warn(text, RuntimeWarning)
+
+
+def _unless_frozen(flags: list[bool], checks: Checks) -> list[bool]:
+    """``flags`` (per parameter of ``checks``) less the parameters frozen on purpose: with no grad or
+    no change by design, they are counted but not warned about."""
+    return [flag and not frozen for flag, frozen in zip(flags, checks.frozen or [False] * len(flags))]

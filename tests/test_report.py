@@ -297,6 +297,11 @@ def test_an_image_path_without_a_suffix_or_naming_a_directory(flag, tmp_path, ca
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "out: is a directory" in err, err
     assert not (tmp_path / "out.png").exists() and not any((tmp_path / "out").iterdir())
+    for path, words in [("L" * 300, "cannot write the plot (OSError: [Errno 36] File name too long"),
+                        ("", "the image's path is empty")]:
+        assert main(["report", "run", flag, path]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err, err
 
 def test_bad_last_is_a_usage_error(tmp_path):
     with pytest.raises(SystemExit) as exc:

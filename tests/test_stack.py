@@ -149,6 +149,27 @@ def test_a_parameter_frozen_on_purpose_is_counted_but_not_warned_about(compile, 
     assert "fc1.weight" not in told[0] and "(the same for 1 more parameter: 'unused.bias')" in told[0]
     assert opt.monitor.latest["health/no_grad"] == 3  # fc1.weight, unused.weight, unused.bias
 
+
+def test_a_parameter_frozen_on_purpose_with_a_stale_zero_grad_is_not_warned_about_as_unchanged(tmp_path):
+    """Frozen after two steps under ``zero_grad(set_to_none=False)``: its grad stays a tensor of zeros
+    and plain SGD leaves it where it is, by design. ``health/unchanged`` counts it, no warning names
+    it; a layer the step leaves alone by mistake (lr 0) still gets the warning."""
+    problem = models.mlp()
+    groups = problem.groups
+    groups[1]["lr"] = 0.0  # fc2.* get grads but never move: by mistake
+    opt = Monitored(torch.optim.SGD)(groups, lr=0.1, monitor=MonitorConfig(backend="none", logdir=tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(6):
+            if i == 2:
+                problem.model["fc1"].weight.requires_grad_(False)
+            opt.zero_grad(set_to_none=False)
+            problem.loss(i).backward()
+            opt.step()
+    told = [str(w.message) for w in caught if "has not changed" in str(w.message)]
+    assert len(told) == 1 and "parameter 'fc2.weight' has" in told[0] and "fc1.weight" not in told[0], told
+    assert opt.monitor.latest["health/unchanged"] == 3  # fc1.weight (frozen), fc2.weight, fc2.bias
+
 def test_shared_logdir_is_warned_only_while_both_monitors_are_open(tmp_path):
     config = MonitorConfig(backend="jsonl", logdir=tmp_path)
     problem = models.mlp()

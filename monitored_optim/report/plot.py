@@ -191,17 +191,23 @@ def _png(fig, dpi: int = 110) -> bytes:
 
 def _save(fig, path: str | Path, dpi: int) -> Path:
     """Save ``fig`` at ``path`` (``.png`` added where it has no suffix, as matplotlib would); the path
-    written. Raises :class:`ReportError` for a directory or a file that cannot be written."""
-    path = Path(path)
-    if path.is_dir():
-        raise ReportError(f"{path}: is a directory; give the image's file name, as {path / 'plot.png'}")
-    if not path.suffix:
-        path = path.with_name(f"{path.name}.png")
+    written. Raises :class:`ReportError` for an empty path, a directory, or a file that cannot be
+    written (a missing directory, a name too long, no permission, a format whose tools are missing)."""
+    if not str(path):
+        raise ReportError("the image's path is empty; give a file name, as plot.png")
+    given = Path(path)
     try:
-        fig.savefig(path, dpi=dpi, bbox_inches="tight")
-    except OSError as exc:
-        raise ReportError(f"{path}: cannot write the plot ({reason(exc)})") from None
-    return path
+        directory = given.is_dir()
+    except OSError:  # a name too long, a directory not searchable: savefig below says which
+        directory = False
+    if directory:
+        raise ReportError(f"{given}: is a directory; give the image's file name, as {given / 'plot.png'}")
+    written = given if given.suffix else given.with_name(f"{given.name}.png")
+    try:
+        fig.savefig(written, dpi=dpi, bbox_inches="tight")
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a format's missing tool (.pgf without LaTeX)
+        raise ReportError(f"{written}: cannot write the plot ({reason(exc)})") from None
+    return written
 
 
 def _cmap():
