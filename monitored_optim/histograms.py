@@ -182,12 +182,12 @@ def extent(flat: Tensor, work: Any = None) -> tuple[Tensor, Tensor, Tensor]:
 def _finite_ends(flat: Tensor) -> tuple[Tensor, Tensor] | None:
     """The min and max of a non-empty CPU tensor whose elements are all finite, float64 of shape
     ``(1,)`` each; None on another device (where reading a value waits for the device), for an empty
-    tensor, or where an element is NaN or infinite (NaN reaches both ends; so does an overflow of
-    max - min, which only costs the general path)."""
+    tensor, or where an element is NaN or infinite (NaN reaches both ends)."""
     if not flat.numel() or flat.device.type != "cpu":
         return None
-    low, high = torch.aminmax(flat)
-    return (low.double().reshape(1), high.double().reshape(1)) if bool((high - low).isfinite()) else None
+    ends = torch.stack(torch.aminmax(flat)).double()
+    low, high = ends.tolist()
+    return (ends[0:1], ends[1:2]) if math.isfinite(low) and math.isfinite(high) else None
 
 
 def _sums(flat: Tensor, work: Any) -> Tensor:
@@ -199,7 +199,7 @@ def _sums(flat: Tensor, work: Any) -> Tensor:
 def _wide_slices(flat: Tensor, work: Any) -> Iterator[Tensor]:
     """``flat``'s non-empty slices of :data:`~monitored_optim.stats.SLICE` elements in float64, each a
     new tensor or ``work``'s ``kept`` buffer (valid until the next slice)."""
-    for piece in flat.split(SLICE):
+    for piece in (flat,) if flat.numel() <= SLICE else flat.split(SLICE):
         if piece.numel():
             yield piece.double() if work is None else work.named("kept", piece, torch.float64).copy_(piece)
 
