@@ -143,7 +143,7 @@ def _health_checks(names: list[str], table: reduce.MomentTable, held: list[bool]
     coarse = table.coarse
     withheld = torch.stack([coarse[:, 2] | coarse[:, 0], has_grad & (coarse[:, 1] | coarse[:, 0])])
     return Checks(names, has_grad.tolist(), unchanged.tolist(), nonfinite, sum(withheld.flatten().tolist()),
-                  frozen or [False] * len(names))
+                  frozen or ())
 
 
 def tensor_lrs(optimizer: torch.optim.Optimizer) -> dict[int, Tensor]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 from itertools import compress
+from collections.abc import Sequence
 from typing import Callable, NamedTuple
 
 import torch
@@ -46,7 +47,7 @@ class Checks(NamedTuple):
     unchanged: list[bool]
     nonfinite: dict[str, tuple[str, ...]]
     withheld: int = 0
-    frozen: list[bool] = []
+    frozen: Sequence[bool] = ()
 
 
 class Health:
@@ -154,4 +155,6 @@ class Health:
 def _unless_frozen(flags: list[bool], checks: Checks) -> list[bool]:
     """``flags`` (per parameter of ``checks``) less the parameters frozen on purpose: with no grad or
     no change by design, they are counted but not warned about."""
-    return [flag and not frozen for flag, frozen in zip(flags, checks.frozen or [False] * len(flags))]
+    if not checks.frozen:
+        return flags
+    return [flag and not frozen for flag, frozen in zip(flags, checks.frozen)]

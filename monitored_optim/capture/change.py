@@ -207,8 +207,8 @@ def stored_change(p: Tensor, intended: Tensor | Scaled | Stores | None, before: 
         p_b = p_b.sub_(d, alpha=alpha) if k else torch.sub(p_b, d, alpha=alpha, out=room(p_b, work))
     if not _is_one(s):  # p_b is the loop's own tensor (every view stores at least one d)
         p_b.div_(s.to(p_b.dtype) if isinstance(s, Tensor) else s)
-    if extremes is not None:  # a constant p_before (min = max) was that value exactly; one pass, no product,
-        torch.where(extremes[0] == extremes[1], extremes[0].to(p_b.dtype), p_b, out=p_b)  # so a NaN stays put
+    if extremes is not None:  # a constant p_before (min = max) was exactly that value (a select: NaNs stay put)
+        torch.where(extremes[0] == extremes[1], extremes[0].to(p_b.dtype), p_b, out=p_b)
     u = torch.sub(real(after), p_b, out=p_b)
     u = torch.view_as_complex(u) if after.is_complex() else u
     return u, (_total([d for d, _ in adds]) if meant and _is_one(s) else None)

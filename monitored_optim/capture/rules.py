@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from ..histograms import BITS
+
 if TYPE_CHECKING:
     from ..workspace import Workspace
 
@@ -264,15 +266,11 @@ def at_powers_of_two_bound(p: Tensor, extremes: Tensor | None, work: Workspace |
     if p.dtype not in HALF_ULP or extremes is None or too_large:
         return None
     x = p.detach()
-    kind, shift = _MANTISSA_SHIFT[x.dtype]
-    mantissa = torch.bitwise_left_shift(x.view(kind), shift, out=None if work is None else work.one(x).view(kind))
+    kind, _, exponent = BITS[x.dtype]  # past the sign and the exponent, only the mantissa bits are left
+    out = None if work is None else work.one(x).view(kind)
+    mantissa = torch.bitwise_left_shift(x.view(kind), 1 + exponent, out=out)
     exact = torch.count_nonzero(x) - torch.count_nonzero(mantissa)  # zeros have no mantissa bits either
     return (exact * extremes.abs().max().square()).double().reshape(1)
-
-
-_MANTISSA_SHIFT = {torch.float32: (torch.int32, 9), torch.float64: (torch.int64, 12)}
-"""Dtype -> (the integer dtype of its bits, its sign and exponent width): shifted left by that width,
-only the mantissa bits are left."""
 
 
 def _slices(x: Tensor, limit: int) -> list[Tensor]:
