@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
-from typing import Any
+import weakref
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -121,8 +122,7 @@ def counts(x: Tensor, scale: Tensor | None = None, work: Any = None) -> Tensor:
     Each element's bin comes from its bits (:func:`keys`, or :func:`finite_keys` for a CPU tensor whose
     elements are all finite): its sign and the exponent of ``|x|``, of ``|x|`` less one unit in the
     last place for a negative one (so that ``-2**k`` is the lower end of its bin, as numpy's half-open
-    bins have it). The keys are counted with one ``index_add_`` (no host read, unlike ``bincount``)
-    and folded into the bins (:func:`fold`).
+    bins have it). The keys are counted (:func:`_count`) and folded into the bins (:func:`fold`).
 
     Args:
         x: a floating tensor of any shape, dtype and layout (float16 is binned after an exact upcast
@@ -136,22 +136,96 @@ def counts(x: Tensor, scale: Tensor | None = None, work: Any = None) -> Tensor:
         with the other pieces, exactly up to 2**53 elements).
     """
     flat = _flat(x, scale)
-    return _binned(flat, _finite_ends(flat) is not None, work)
+    table, held = _keys_counted(flat, _finite_ends(flat) is not None, work)
+    return _folded(held.view(1, -1), table)[0]
 
 
-def pieces(series: str, x: Tensor, scale: Tensor | None = None, work: Any = None) -> dict[str, Tensor]:
-    """The pieces of ``x``'s histogram under ``series``: its :func:`counts` and the :func:`extent`
-    of the same finite elements, by key of :data:`PIECES` (arguments as :func:`counts`')."""
-    flat = _flat(x, scale)
-    ends = _finite_ends(flat)
-    extents = extent(flat, work) if ends is None else (*ends, _sums(flat, work))
-    return dict(zip((series, *extent_keys(series)), (_binned(flat, ends is not None, work), *extents)))
+class Tally:
+    """The histograms of one logging step's parts of parameters, counted part by part and folded at once.
+
+    A part's tensor may be a temporary that the next part reuses, so :meth:`add` takes its keys'
+    counts, its ends and its sums when it is given (a dozen ops per part); :meth:`pieces` then folds
+    the counts of every part into the bins and adds them over the parts of each parameter with a few
+    ops per device for the whole step. The parts are keyed by their *owner* (the entry that holds a
+    parameter's pieces) and series.
+    """
+
+    def __init__(self) -> None:
+        self._step: Any = None  # a weak reference to the logging step's batch
+        self._owners: dict[tuple[int, str], tuple[tuple[Any, str], list[_Part]]] = {}
+
+    def open(self, step: object) -> None:
+        """Count into the logging step ``step`` (its batch): the parts of another one are dropped (a
+        logging step whose base step raised never reaches :meth:`pieces`)."""
+        if self._step is None or self._step() is not step:
+            self._step, self._owners = weakref.ref(step), {}
+
+    def add(self, owner: Any, series: str, x: Tensor, scale: Tensor | None = None, work: Any = None) -> None:
+        """Count one part ``x`` of ``owner``'s tensor under ``series`` (arguments as :func:`counts`')."""
+        flat = _flat(x, scale)
+        ends = _finite_ends(flat)
+        table, held = _keys_counted(flat, ends is not None, work)
+        if ends is None:
+            low, high, sums = extent(flat, work)
+            ends = torch.cat([low, high])
+        else:
+            sums = _sums(flat, work)
+        self._part(owner, series, table, held, ends, sums)
+
+    def add_zeros(self, owner: Any, series: str, n: int, device: torch.device) -> None:
+        """Count a part of ``n`` exact zeros (one the view says did not move) of ``owner``'s tensor."""
+        table = fold(torch.float32, device, True)
+        held = torch.zeros(len(table), dtype=torch.int64, device=device)
+        held[0] = n  # +0.0's key
+        ends = torch.tensor([0.0, 0.0] if n else [math.inf, -math.inf], dtype=torch.float64, device=device)
+        self._part(owner, series, table, held, ends, torch.zeros(2, dtype=torch.float64, device=device))
+
+    def drop(self, owner: Any, series: str) -> None:
+        """Forget the parts counted of ``owner``'s tensor under ``series`` (its grads, made again by a closure)."""
+        self._owners.pop((id(owner), series), None)
+
+    def pieces(self) -> list[tuple[Any, dict[str, Tensor]]]:
+        """Per owner and series counted, ``(owner, its pieces of the series by key of PIECES)``: the
+        counts, extremes and sums of its parts added. The tally is then empty."""
+        owners, self._owners = list(self._owners.values()), {}
+        parts = [(g, part) for g, (_, counted) in enumerate(owners) for part in counted]
+        out = []
+        for device in dict.fromkeys(part.held.device for _, part in parts):
+            tables: dict[int, tuple[Tensor, list[tuple[int, _Part]]]] = {}  # by fold table: folded at once
+            for g, part in parts:
+                if part.held.device == device:
+                    tables.setdefault(id(part.table), (part.table, []))[1].append((g, part))
+            mine = [item for _, items in tables.values() for item in items]
+            local = {g: i for i, g in enumerate(dict.fromkeys(g for g, _ in mine))}
+            index = torch.tensor([local[g] for g, _ in mine], device=device)
+            n = len(local)
+            folded = torch.cat([_folded(torch.stack([part.held for _, part in items]), table)
+                                for table, items in tables.values()])
+            counted = torch.zeros(n, NBINS, dtype=torch.float64, device=device).index_add_(0, index, folded)
+            ends = torch.stack([part.ends for _, part in mine])
+            inf = torch.full((n,), math.inf, dtype=torch.float64, device=device)
+            low = inf.scatter_reduce(0, index, ends[:, 0], "amin").unsqueeze(1)
+            high = (-inf).scatter_reduce(0, index, ends[:, 1], "amax").unsqueeze(1)
+            sums = torch.zeros(n, 2, dtype=torch.float64, device=device).index_add_(
+                0, index, torch.stack([part.sums for _, part in mine]))
+            for g, i in local.items():
+                owner, series = owners[g][0]
+                out.append((owner, dict(zip((series, *extent_keys(series)), (counted[i], low[i], high[i], sums[i])))))
+        return out
+
+    def _part(self, owner: Any, series: str, table: Tensor, held: Tensor, ends: Tensor, sums: Tensor) -> None:
+        """Keep one part's counts of its keys (of ``table``), its ends ``(min, max)`` and its sums."""
+        self._owners.setdefault((id(owner), series), ((owner, series), []))[1].append(_Part(table, held, ends, sums))
 
 
-def _binned(flat: Tensor, finite: bool, work: Any) -> Tensor:
-    """The :func:`counts` of a 1-D tensor of a dtype of :data:`BITS`; ``finite``: each element is."""
-    key = finite_keys(flat, work) if finite else keys(flat, work)
-    return _counted(key, fold(flat.dtype, flat.device, finite), 1)[0]
+class _Part(NamedTuple):
+    """One part's tally: its keys' counts (int64, one per key of its fold ``table``), the ``(min, max)``
+    and ``(Σx, Σx²)`` of its finite elements (float64)."""
+
+    table: Tensor
+    held: Tensor
+    ends: Tensor
+    sums: Tensor
 
 
 def extent(flat: Tensor, work: Any = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -167,7 +241,7 @@ def extent(flat: Tensor, work: Any = None) -> tuple[Tensor, Tensor, Tensor]:
     """
     ends = _finite_ends(flat)
     if ends is not None:
-        return (*ends, _sums(flat, work))
+        return ends[0:1], ends[1:2], _sums(flat, work)
     inf = torch.full((1,), math.inf, dtype=torch.float64, device=flat.device)
     low, high, sums = inf, -inf, torch.zeros(2, dtype=torch.float64, device=flat.device)
     for x in _wide_slices(flat, work):
@@ -179,15 +253,15 @@ def extent(flat: Tensor, work: Any = None) -> tuple[Tensor, Tensor, Tensor]:
     return low, high, sums
 
 
-def _finite_ends(flat: Tensor) -> tuple[Tensor, Tensor] | None:
-    """The min and max of a non-empty CPU tensor whose elements are all finite, float64 of shape
-    ``(1,)`` each; None on another device (where reading a value waits for the device), for an empty
+def _finite_ends(flat: Tensor) -> Tensor | None:
+    """``(min, max)`` of a non-empty CPU tensor whose elements are all finite, float64 of shape
+    ``(2,)``; None on another device (where reading a value waits for the device), for an empty
     tensor, or where an element is NaN or infinite (NaN reaches both ends)."""
     if not flat.numel() or flat.device.type != "cpu":
         return None
     ends = torch.stack(torch.aminmax(flat)).double()
     low, high = ends.tolist()
-    return (ends[0:1], ends[1:2]) if math.isfinite(low) and math.isfinite(high) else None
+    return ends if math.isfinite(low) and math.isfinite(high) else None
 
 
 def _sums(flat: Tensor, work: Any) -> Tensor:
@@ -219,7 +293,8 @@ def _flat(x: Tensor, scale: Tensor | None) -> Tensor:
 
 
 def segment_pieces(series: str, flat: Tensor, lengths: Tensor) -> list[dict[str, Tensor]]:
-    """The :func:`pieces` of each of the consecutive segments of a flat tensor (a flat chunk's).
+    """The pieces of each of the consecutive segments of a flat tensor (a flat chunk's), by key of
+    :data:`PIECES`, as a :class:`Tally` gives those of a parameter.
 
     Args:
         series: the histogram's series (``update_hist``, ...).
@@ -232,7 +307,7 @@ def segment_pieces(series: str, flat: Tensor, lengths: Tensor) -> list[dict[str,
     table = fold(flat.dtype, flat.device)
     k = lengths.numel()
     segment = torch.arange(k, device=flat.device).repeat_interleave(lengths, output_size=flat.numel())
-    counts = _counted(keys(flat) + segment * len(table), table, k)
+    counts = _folded(_count(keys(flat) + segment * len(table), k * len(table)).view(k, len(table)), table)
     bad = torch.isfinite(flat).logical_not_()
     wide = flat.double()
     inf = torch.full((k,), math.inf, dtype=torch.float64, device=flat.device)
@@ -245,12 +320,28 @@ def segment_pieces(series: str, flat: Tensor, lengths: Tensor) -> list[dict[str,
             for values in zip(counts.unbind(), low.unsqueeze(1).unbind(), high.unsqueeze(1).unbind(), sums.unbind())]
 
 
-def _counted(key: Tensor, table: Tensor, k: int) -> Tensor:
-    """Float64 ``(k, NBINS)`` counts of the keys of k segments (segment i's offset by ``i·len(table)``)."""
-    held = torch.zeros(k * len(table), dtype=torch.int64, device=key.device)
-    held.index_add_(0, key, torch.ones(1, dtype=torch.int64, device=key.device).expand(key.numel()))
-    binned = torch.zeros(k, NBINS + 1, dtype=torch.float64, device=key.device)
-    return binned.index_add_(1, table, held.view(k, len(table)).double())[:, :NBINS]
+def _keys_counted(flat: Tensor, finite: bool, work: Any) -> tuple[Tensor, Tensor]:
+    """The fold table of a 1-D tensor of a dtype of :data:`BITS` and the counts of its keys (int64,
+    one per key of the table); ``finite``: each of its elements is (:func:`finite_keys`)."""
+    table = fold(flat.dtype, flat.device, finite)
+    return table, _count(finite_keys(flat, work) if finite else keys(flat, work), len(table))
+
+
+def _count(key: Tensor, size: int) -> Tensor:
+    """How many of ``key`` (int32 or int64, values in ``[0, size)``) hold each value: int64 ``(size,)``.
+
+    ``bincount`` on a CPU, where its read of the largest key to size its result costs nothing (and it
+    counts faster); elsewhere ``index_add_`` of ones, which does not wait for the device."""
+    if key.device.type == "cpu":
+        return torch.bincount(key, minlength=size)
+    held = torch.zeros(size, dtype=torch.int64, device=key.device)
+    return held.index_add_(0, key, torch.ones(1, dtype=torch.int64, device=key.device).expand(key.numel()))
+
+
+def _folded(held: Tensor, table: Tensor) -> Tensor:
+    """Float64 ``(k, NBINS)`` counts of the bins from k rows of counts of keys, int64 ``(k, len(table))``."""
+    binned = torch.zeros(held.shape[0], NBINS + 1, dtype=torch.float64, device=held.device)
+    return binned.index_add_(1, table, held.double())[:, :NBINS]
 
 
 def keys(flat: Tensor, work: Any = None) -> Tensor:
@@ -276,7 +367,7 @@ def keys(flat: Tensor, work: Any = None) -> Tensor:
     key.sub_(neg, alpha=top + 2)
     minus_inf = torch.eq(bits, sign | (top << mantissa), out=_room(work, "inf", bits, torch.bool))
     key.masked_fill_(minus_inf, top)  # as +inf
-    return key if kind is not torch.int16 else key.int()  # index_add_ takes int32 and int64 indices
+    return key if kind is not torch.int16 else key.int()  # counted as int32 (_count)
 
 
 def finite_keys(flat: Tensor, work: Any = None) -> Tensor:
@@ -299,7 +390,7 @@ def finite_keys(flat: Tensor, work: Any = None) -> Tensor:
     key = torch.add(bits, neg, out=_room(work, "key", bits))
     key >>= mantissa  # a negative's key is now E' - top - 1 (arithmetic shift)
     key &= (2 << exponent) - 1
-    return key if kind is not torch.int16 else key.int()  # index_add_ takes int32 and int64 indices
+    return key if kind is not torch.int16 else key.int()  # counted as int32 (_count)
 
 
 def _room(work: Any, name: str, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
@@ -330,14 +421,6 @@ def _bin(k: int, sign: int) -> int:
     if k < LOW:
         return ZERO
     return ZERO + sign * (1 + min(k, HIGH) - LOW)
-
-
-def zeros(series: str, n: int, device: torch.device) -> dict[str, Tensor]:
-    """The :func:`pieces` of ``n`` exact zeros (a part the view says did not move) under ``series``."""
-    counts = torch.zeros(NBINS, dtype=torch.float64, device=device)
-    counts[ZERO] = n
-    one = torch.zeros(min(n, 1), device=device)  # n zeros end where one zero does, and add to 0
-    return dict(zip((series, *extent_keys(series)), (counts, *extent(one))))
 
 
 def of(names: list[str], pieces: list[dict[str, list[float]]]) -> dict[str, Histogram]:

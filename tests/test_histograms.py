@@ -177,7 +177,8 @@ def test_the_finite_path_counts_as_the_general_one(dtype):
     for x in (top, bottom, small, spread, zeros, torch.cat([spread, zeros, -spread]), zeros[:3]):
         flat = H._flat(x.to(dtype), None)
         assert H._finite_ends(flat) is not None  # the finite path is the one taken
-        general = H._counted(H.keys(flat), H.fold(flat.dtype, flat.device), 1)[0]
+        general = H._folded(H._count(H.keys(flat), len(H.fold(flat.dtype, flat.device))).view(1, -1),
+                            H.fold(flat.dtype, flat.device))[0]
         assert torch.equal(H.counts(x.to(dtype)), general)
         with np.errstate(over="ignore"):  # the truth's sum of squares of float64's max: only its counts are read
             assert H.counts(x.to(dtype)).tolist() == truth(x.to(dtype))
@@ -400,3 +401,40 @@ def test_the_extent_is_that_of_the_finite_elements(dtype):
         else:
             assert (low.item(), high.item()) == (math.inf, -math.inf)
         assert sums.tolist() == pytest.approx([kept.sum(), (kept * kept).sum()], rel=1e-12, abs=1e-300)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.float16])
+def test_a_tally_adds_the_parts_of_each_owner_into_the_histogram_of_the_whole(dtype):
+    """Parts of two owners counted one by one, finite and not, with a part of exact zeros and parts
+    whose keys fold through different tables (all finite, or not), give each owner the histogram of
+    its parts laid end to end; a dropped series is forgotten, and a new logging step starts empty."""
+    g = torch.Generator().manual_seed(0)
+    spread = (torch.randn(5000, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-14, 6, (5000,), generator=g))
+    edges = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, -0.0, 2.0 ** H.HIGH, -(2.0 ** H.LOW)], dtype=torch.float64)
+    bad = torch.tensor([math.nan, math.inf, -math.inf, 3.0], dtype=torch.float64)
+    first = [spread[:3000].to(dtype), edges.to(dtype), bad.to(dtype)]
+    second = [(-spread[3000:]).to(dtype)]
+    class Step:  # a logging step's batch, held weakly
+        pass
+
+    tally, step = H.Tally(), Step()
+    tally.open(step)
+    a, b = object(), object()
+    for part in first:
+        tally.add(a, "update_hist", part)
+    tally.add_zeros(a, "update_hist", 7, torch.device("cpu"))
+    tally.add(a, "grad_hist", spread.to(dtype))
+    tally.drop(a, "grad_hist")
+    for part in second:
+        tally.add(b, "param_hist", part)
+    got = {(id(owner), key): value for owner, values in tally.pieces() for key, value in values.items()}
+    assert {key for _, key in got} == {key for series in ("update_hist", "param_hist")
+                                       for key in (series, *H.extent_keys(series))}
+    for owner, series, parts in ((a, "update_hist", [*first, torch.zeros(7, dtype=dtype)]), (b, "param_hist", second)):
+        low, high, sums = (got[id(owner), key] for key in H.extent_keys(series))
+        hist = H.Histogram(map(round, got[id(owner), series].tolist()), low.item(), high.item(), *sums.tolist())
+        assert_exact(hist, truth(torch.cat(parts)), series)
+    assert tally.pieces() == []
+    tally.add(a, "update_hist", spread.to(dtype))
+    tally.open(Step())  # another logging step: the parts of this one are dropped
+    assert tally.pieces() == []

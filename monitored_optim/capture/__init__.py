@@ -154,6 +154,7 @@ class Capture:
         """
         plan = self.plan_of(optimizer, known, fuse, cloned)
         routes = self.spent.record(batch).routes
+        self.eager.tally.open(batch)
         self.eager.shared = plan.shared
         entries, unflat, copies = [], [], []
         blocks: list[list[Entry] | Entry] = []  # runs of flat entries, and the first part of each other
@@ -208,8 +209,10 @@ class Capture:
         self.fused.after([e for e in entries.unflat if e.fused], self.plan.chunks, entries.befores, state, batch)
 
     def finish(self, entries: Entries) -> None:
-        """After the last base step of a logging step: the families' pieces that need all of a
-        parameter's parts."""
+        """After the last base step of a logging step: the histograms of the parts counted, and the
+        families' pieces that need all of a parameter's parts."""
+        for owner, values in self.eager.tally.pieces():
+            owner.pieces.update(values)
         for fam in self.eager.families:
             done = fam.done()
             by_name = {e.name: e for e in entries.leads} if done else {}

@@ -40,6 +40,7 @@ class Eager:
         self.view, self.verify, self.families = view, verify, families
         self.reductions, self.centring = reductions, centring
         self.binned = any(fam.binned for fam in families)  # p, grad and u binned (the histograms family)
+        self.tally = histograms.Tally()  # the logging step's histograms of parts
         self.reads_parts = any(type(fam).part is not Family.part for fam in families)  # a family's part hook
         self.reads_u = self.binned or self.reads_parts  # each stored change is formed
         self.shared: set[int] = set()  # ids of this step's parameters whose storage is shared
@@ -87,11 +88,10 @@ class Eager:
         scale = None if grad_scale is None else grad_scale.detach().float().reciprocal()
         series = histograms.KEYS["grad"]
         for e in entries:
-            for key in (series, *histograms.extent_keys(series)):
-                e.owner.pieces.pop(key, None)
+            self.tally.drop(e.owner, series)
         for e in entries:
             if e.p.grad is not None:
-                self.add_pieces(e.owner, histograms.pieces(series, e.p.grad, scale, batch.work))
+                self.tally.add(e.owner, series, e.p.grad, scale, batch.work)
 
     def after(self, chunk: list[Entry], states: list[dict[str, Any]], batch: stats.Batch) -> None:
         """Measure the stored change of each part of one chunk; its sums go to ``batch``.
@@ -152,10 +152,11 @@ class Eager:
         before = before if before is None else fetched(before, p)  # a staged snapshot, back one part at a time
         u, meant = stored_change(p, result, before, e.extremes, work, meant=self.verify or p.dtype in LOW_PRECISION)
         if self.binned:
-            series = histograms.KEYS["u"]
-            self.add_pieces(e.owner, histograms.zeros(series, stats.count(p), p.device) if u is None
-                            else histograms.pieces(series, u, work=work))
-            self.add_pieces(e.owner, histograms.pieces(histograms.KEYS["param"], p, work=work))
+            if u is None:
+                self.tally.add_zeros(e.owner, histograms.KEYS["u"], stats.count(p), p.device)
+            else:
+                self.tally.add(e.owner, histograms.KEYS["u"], u, work=work)
+            self.tally.add(e.owner, histograms.KEYS["param"], p, work=work)
         if u is None:  # the view says nothing moved; verify mode checks that against its clone
             if clone is not None:
                 moved = Cloned(clone).update(p)
@@ -181,11 +182,6 @@ class Eager:
     def add_piece(self, e: Entry, key: str, value: Tensor) -> None:
         """Add a part's device piece into its parameter's entry, by the key's declared reduction."""
         pieces.accumulate(e.pieces, key, value, self.reductions)
-
-    def add_pieces(self, e: Entry, values: dict[str, Tensor]) -> None:
-        """:meth:`add_piece` each of a part's ``values`` (key -> device piece)."""
-        for key, value in values.items():
-            self.add_piece(e, key, value)
 
     def centred(self, entries: list[Entry], kind: str) -> list[bool]:
         """Per entry, whether its ``kind`` moments take the centred pass."""
