@@ -122,7 +122,7 @@ def counts(x: Tensor, scale: Tensor | None = None, work: Any = None) -> Tensor:
     Each element's bin comes from its bits (:func:`keys`, or :func:`finite_keys` for a CPU tensor whose
     elements are all finite): its sign and the exponent of ``|x|``, of ``|x|`` less one unit in the
     last place for a negative one (so that ``-2**k`` is the lower end of its bin, as numpy's half-open
-    bins have it). The keys are counted (:func:`_count`) and folded into the bins (:func:`fold`).
+    bins have it). The keys are counted and folded into the bins (:func:`fold`).
 
     Args:
         x: a floating tensor of any shape, dtype and layout (float16 is binned after an exact upcast
