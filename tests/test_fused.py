@@ -202,15 +202,15 @@ def test_a_non_finite_grad_keeps_the_finite_param_norm(compile, tmp_path):
 
 @pytest.mark.parametrize("sizes", [[], [7], [4096] * 5, [4096, 4096, 4096, 4095, 2, 1], [1000] * 40])
 def test_flat_chunks_are_greedy_consecutive_runs_within_the_budget(sizes):
-    """Every parameter in exactly one chunk, in order; no chunk above CHUNK elements; each chunk but
+    """Every parameter in exactly one chunk, in order; no chunk above FLAT_ELEMENTS elements; each chunk but
     the last is closed only because the next parameter would not fit."""
     from monitored_optim.capture import fused
 
     chunks = fused.flat_chunks(sizes)
     assert [i for c in chunks for i in c] == list(range(len(sizes)))
     totals = [sum(sizes[i] for i in c) for c in chunks]
-    assert all(t <= fused.CHUNK for t in totals)
-    assert all(t + sizes[c.stop] > fused.CHUNK for t, c in zip(totals[:-1], chunks[:-1]))
+    assert all(t <= fused.FLAT_ELEMENTS for t in totals)
+    assert all(t + sizes[c.stop] > fused.FLAT_ELEMENTS for t, c in zip(totals[:-1], chunks[:-1]))
 
 
 def test_a_parameter_that_leaves_the_flat_capture_keeps_its_ratios(tmp_path):
@@ -251,3 +251,16 @@ def test_inductor_options_this_torch_does_not_know_are_left_out(monkeypatch):
     options = fused._inductor_options()
     assert "an_option_of_a_later_torch" not in options
     assert options["realize_reads_threshold"] == 64 and options["cpp.enable_unsafe_math_opt_flag"] is False
+
+
+def test_whole_parameters_go_to_a_compiled_function_at_most_chunk_at_a_time():
+    """``device_chunks`` hands at most CHUNK (32) parameters to one call, per device, in order: larger
+    graphs compile for longer (the element budget of the flat chunks is another constant)."""
+    from types import SimpleNamespace
+
+    from monitored_optim.capture import fused
+
+    entries = [SimpleNamespace(p=torch.zeros(1)) for _ in range(70)]
+    chunks = list(fused.device_chunks(entries))
+    assert fused.CHUNK == 32 and [len(c) for c in chunks] == [32, 32, 6]
+    assert [e for c in chunks for e in c] == entries

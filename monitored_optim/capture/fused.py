@@ -62,13 +62,13 @@ SMALL = 1 << 12
 buffer with the other small parameters of its chunk before the step (its exact snapshot), so that a
 chunk of thousands of biases and norm gains costs a few ops, not a few per tensor."""
 
-CHUNK = 1 << 14
+FLAT_ELEMENTS = 1 << 14
 """Most elements of one flat chunk (its float64 temporaries stay a few MiB)."""
 
 
 def flat_chunks(sizes: Sequence[int]) -> list[range]:
     """The flat chunks of parameters of ``sizes`` elements, in order: greedy consecutive runs of at
-    most :data:`CHUNK` elements in all (a single parameter of more would make a chunk of its own).
+    most :data:`FLAT_ELEMENTS` elements in all (a single parameter of more would make a chunk of its own).
 
     Args:
         sizes: element counts (ints), one per parameter.
@@ -78,7 +78,7 @@ def flat_chunks(sizes: Sequence[int]) -> list[range]:
     """
     chunks, start, size = [], 0, 0
     for i, n in enumerate(sizes):
-        if i > start and size + n > CHUNK:
+        if i > start and size + n > FLAT_ELEMENTS:
             chunks.append(range(start, i))
             start, size = i, 0
         size += n
@@ -262,7 +262,7 @@ class Fuser:
 def chunk_flat(small: list[Entry]) -> list[Flat]:
     """The flat entries in chunks (:func:`flat_chunks`), each entry's ``flat`` set to its chunk.
 
-    A chunk holds entries of one param group, device and dtype, at most :data:`CHUNK` elements."""
+    A chunk holds entries of one param group, device and dtype, at most :data:`FLAT_ELEMENTS` elements."""
     kinds: dict[tuple[Any, ...], list[Entry]] = {}
     for e in small:
         kinds.setdefault((id(e.group), e.p.device, e.p.dtype), []).append(e)
