@@ -320,6 +320,40 @@ def segment_pieces(series: str, flat: Tensor, lengths: Tensor) -> list[dict[str,
             for values in zip(counts.unbind(), low.unsqueeze(1).unbind(), high.unsqueeze(1).unbind(), sums.unbind())]
 
 
+def binned(xs: list[Tensor], table: Tensor) -> tuple[list[Tensor], Tensor]:
+    """Each element's bin and each tensor's extent, in ops that ``torch.compile`` traces into one pass.
+
+    The compiled routes' binning: their stored changes, grads and parameters are binned where they
+    are formed, and the bins counted outside the compiled graph (:func:`counted_bins`).
+
+    Args:
+        xs: real floating tensors of one dtype of :data:`BITS` and one device (any shapes).
+        table: :func:`fold` of their dtype and device (of :func:`keys`).
+
+    Returns:
+        ``(bins, extents)``: per tensor its elements' bins, uint8 of its number of elements
+        (:data:`NBINS` for a non-finite element), and float64 ``(len(xs), 4)``: per tensor
+        ``(min, max, Σx, Σx²)`` of its finite elements (min +inf and max -inf where none is).
+    """
+    bins, extents = [], []
+    for x in xs:
+        flat = x.reshape(-1)
+        bins.append(table[keys(flat)].to(torch.uint8))
+        finite = torch.isfinite(flat)
+        kept = torch.where(finite, flat, 0.0).double()
+        extents.append(torch.stack([torch.where(finite, flat, math.inf).amin().double(),
+                                    torch.where(finite, flat, -math.inf).amax().double(),
+                                    kept.sum(), kept.square().sum()]))
+    return bins, torch.stack(extents)
+
+
+def counted_bins(bins: list[Tensor], extents: Tensor) -> list[tuple[Tensor, Tensor, Tensor, Tensor]]:
+    """Per tensor binned by :func:`binned` (its ``bins`` and ``extents``), the values of its pieces in
+    the order of ``(series, *extent_keys(series))``: its counts, min, max and sums."""
+    counts = torch.stack([_count(b, NBINS + 1) for b in bins])[:, :NBINS].double()
+    return list(zip(counts.unbind(), extents[:, 0:1].unbind(), extents[:, 1:2].unbind(), extents[:, 2:4].unbind()))
+
+
 def _keys_counted(flat: Tensor, finite: bool, work: Any) -> tuple[Tensor, Tensor]:
     """The fold table of a 1-D tensor of a dtype of :data:`BITS` and the counts of its keys (int64,
     one per key of the table); ``finite``: each of its elements is (:func:`finite_keys`)."""
@@ -328,12 +362,13 @@ def _keys_counted(flat: Tensor, finite: bool, work: Any) -> tuple[Tensor, Tensor
 
 
 def _count(key: Tensor, size: int) -> Tensor:
-    """How many of ``key`` (int32 or int64, values in ``[0, size)``) hold each value: int64 ``(size,)``.
+    """How many of ``key`` (uint8, int32 or int64, values in ``[0, size)``) hold each value: int64 ``(size,)``.
 
     ``bincount`` on a CPU, where its read of the largest key to size its result costs nothing (and it
     counts faster); elsewhere ``index_add_`` of ones, which does not wait for the device."""
     if key.device.type == "cpu":
         return torch.bincount(key, minlength=size)
+    key = key.int() if key.dtype is torch.uint8 else key  # index_add_ takes int32 and int64 indices
     held = torch.zeros(size, dtype=torch.int64, device=key.device)
     return held.index_add_(0, key, torch.ones(1, dtype=torch.int64, device=key.device).expand(key.numel()))
 

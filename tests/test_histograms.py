@@ -210,22 +210,70 @@ def test_a_compiled_step_gives_the_counts_of_the_eager_one():
     """``torch.compile(opt.step)``: the logging step's capture runs outside the compiled graph and
     bins the same tensors, so the counts equal the eager run's and every record (extremes and sums
     too) its own clone truth (the compiled step's arithmetic differs from the eager one's in the last
-    bits). ``MonitorConfig(compile=True)`` and ``compile=False`` give the same records: no parameter
-    takes a compiled route (they have no binning pass), the small ones are binned in their flat chunk,
-    the others eagerly."""
+    bits). ``MonitorConfig(compile=True)`` and ``compile=False`` give the same records: the small
+    parameters are binned in their flat chunk either way (the larger ones in
+    :func:`test_the_compiled_routes_stay_taken_and_bin_as_the_eager_ones`)."""
     eager = {}
     for compile in (True, False):
         eager[compile] = [{t: record(h) for t, h in opt.monitor.histograms.items()}
                           for opt, _ in run(torch.optim.AdamW, torch.float32, 1e-3, compile=compile)]
         opt = opt_of_last_run(compile)  # held: the monitor reads its optimizer through a weak reference
         routes = opt.monitor.describe().split("capture:", 1)[1]
-        assert ", fused" not in routes and "copied flat" in routes, routes  # small ones binned flat, none compiled
+        assert ", fused" not in routes and "copied flat" in routes, routes  # all small: binned flat
     assert eager[True] == eager[False]
     compiled = []
     for opt, want in run(torch.optim.AdamW, torch.float32, 1e-3, step=lambda o: torch.compile(o.step)):
         assert_all_exact(opt.monitor.histograms, want)
         compiled.append({t: list(h) for t, h in opt.monitor.histograms.items()})
     assert compiled == [{t: counts for t, (counts, *_) in step.items()} for step in eager[True]]
+
+
+class Wide(nn.Module):
+    """Parameters past SMALL: two matrices (the compiled inversion) and a LayerNorm at exactly 1.0 and 0
+    (vectors: the compiled snapshot), beside a small bias (a flat chunk)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(16, 4608, bias=False)
+        self.norm = nn.LayerNorm(4608)
+        self.head = nn.Linear(4608, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(torch.tanh(self.fc(x))))
+
+
+@pytest.mark.parametrize("opt_cls,kwargs", [(torch.optim.AdamW, {}), (torch.optim.SGD, {"momentum": 0.9})],
+                         ids=["AdamW", "SGD-momentum"])
+@pytest.mark.parametrize("lr", [1e-3, 1e-7])
+def test_the_compiled_routes_stay_taken_and_bin_as_the_eager_ones(opt_cls, kwargs, lr):
+    """``MonitorConfig(compile=True)`` with the histograms on: the whole parameters take the compiled
+    inversion and snapshot, which bin u, p and the grad in their pass; every record is the clone
+    truth's (u within a spacing of p where rebuilt), and the counts are the eager capture's."""
+    records = {}
+    for compile in (True, False):
+        net = Wide()
+        opt = Monitored(opt_cls)(net.named_parameters(), lr=lr, **kwargs, monitor=MonitorConfig(
+            backend="none", every=1, figures="histograms", compile=compile))
+        records[compile] = []
+        for i in range(3):
+            opt.zero_grad()
+            net(torch.randn(8, 16, generator=torch.Generator().manual_seed(i))).square().mean().backward()
+            before = {n: p.detach().clone() for n, p in net.named_parameters()}
+            grads = {n: p.grad.clone() for n, p in net.named_parameters()}
+            opt.step()
+            want = {}
+            for n, p in net.named_parameters():
+                want.update({f"update_hist/{n}": truth(p.detach().double() - before[n].double()),
+                             f"param_hist/{n}": truth(p), f"grad_hist/{n}": truth(grads[n])})
+            assert_all_exact(opt.monitor.histograms, want,
+                             {f"update_hist/{n}": spacing(p) for n, p in net.named_parameters()})
+            records[compile].append({t: list(h) for t, h in opt.monitor.histograms.items()})
+        routes = opt.monitor.describe().split("capture:", 1)[1]
+        for name in ("fc.weight", "norm.weight", "norm.bias", "head.weight"):
+            line = next(line for line in routes.splitlines() if line.startswith(name))
+            assert ("fused" in line) == compile, line
+    assert records[True] == records[False]
 
 
 def opt_of_last_run(compile):

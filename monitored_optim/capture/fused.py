@@ -17,13 +17,15 @@ centring, sums), so its cost follows the number of tensors. The fused path hands
   large tensors exact to about 1e-16 per element.
 
 :func:`torch.compile` (inductor) fuses each function into a few kernels that read p, grad and
-state once and write nothing of parameter size; shapes are dynamic, so chunks with the same count,
+state once and write nothing of parameter size (with the histograms on, each element's bin in u, p and
+the grad: a byte each, a bounded share per call, :data:`BINS_SHARE`); shapes are dynamic, so chunks with the same count,
 kinds and ranks (identical transformer blocks) share one compiled graph. Where compiling fails the
 same function runs eagerly (a warning, once), which gives the same figures.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
@@ -57,6 +59,10 @@ def enabled(mode: str, device: torch.device) -> bool:
     return mode == "on" or (mode == "auto" and device.type == "cuda")
 
 
+BINS_SHARE = 16
+"""Where the histograms are on, the bins of one call take at most this share of the bytes of the
+parameters taken whole (a larger parameter is alone in its call)."""
+
 SMALL = 1 << 12
 """Elements up to which a parameter is captured *flat* (eagerly, compiling or not): copied whole into one flat
 buffer with the other small parameters of its chunk before the step (its exact snapshot), so that a
@@ -66,19 +72,22 @@ FLAT_ELEMENTS = 1 << 14
 """Most elements of one flat chunk (its float64 temporaries stay a few MiB)."""
 
 
-def flat_chunks(sizes: Sequence[int]) -> list[range]:
+def flat_chunks(sizes: Sequence[int], most: float = FLAT_ELEMENTS, count: float = math.inf) -> list[range]:
     """The flat chunks of parameters of ``sizes`` elements, in order: greedy consecutive runs of at
-    most :data:`FLAT_ELEMENTS` elements in all (a single parameter of more would make a chunk of its own).
+    most ``most`` elements in all (a single parameter of more would make a chunk of its own) and at
+    most ``count`` parameters.
 
     Args:
         sizes: element counts (ints), one per parameter.
+        most: elements per chunk, :data:`FLAT_ELEMENTS` by default.
+        count: parameters per chunk, any number by default.
 
     Returns:
         Ranges of indices into ``sizes`` covering ``range(len(sizes))`` in order (empty for none).
     """
     chunks, start, size = [], 0, 0
     for i, n in enumerate(sizes):
-        if i > start and size + n > FLAT_ELEMENTS:
+        if i > start and (size + n > most or i - start == count):
             chunks.append(range(start, i))
             start, size = i, 0
         size += n
@@ -170,7 +179,8 @@ def prior(xs: list[Tensor]) -> Tensor:
 
 
 def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factors: Tensor, s: Tensor | None,
-             extremes: Tensor, after: list[Tensor], grads: list[Tensor]) -> Tensor:
+             extremes: Tensor, after: list[Tensor], grads: list[Tensor], table: Tensor | None = None
+             ) -> tuple[Tensor, Bins | None]:
     """Rows of the grad and u of parameters whose update is rebuilt from state.
 
     Args:
@@ -180,10 +190,12 @@ def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factor
         s: the decoupled-decay factor 1 - lr·λ (a 0-dim tensor: p ← s·p before the add), or None.
         extremes: the bounds of the parameters before the step (:func:`prior`), float64 ``(k, 2)``.
         after: the k parameters after the step (float32/float64, each with its grad in ``grads``).
+        table: where u, p and the grads are binned, the :func:`~monitored_optim.histograms.fold` of
+            their dtype and device; None: not binned.
 
     Returns:
-        Float64 tensor of shape ``(2, k, 3)``: :func:`shifted_rows` of the grad and of u (those of
-        p_before come from :func:`prior`).
+        ``(rows, bins)``: float64 ``(2, k, 3)``, :func:`shifted_rows` of the grad and of u (those of
+        p_before come from :func:`prior`), and :func:`bins_of` them (None where ``table`` is).
     """
     changes = []
     for p, r, f, (lo, hi) in zip(after, rebuild(*args), factors.unbind(), extremes.unbind()):
@@ -191,7 +203,7 @@ def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factor
         b = b if s is None else b / s.to(p.dtype)
         b = torch.where(lo == hi, lo.to(p.dtype), b)  # a constant is recovered exactly
         changes.append(p - b)  # exact (Sterbenz)
-    return grad_and_change_rows(grads, changes)
+    return grad_and_change_rows(grads, changes), bins_of(changes, after, grads, table)
 
 
 def grad_and_change_rows(grads: list[Tensor], changes: list[Tensor]) -> Tensor:
@@ -199,12 +211,28 @@ def grad_and_change_rows(grads: list[Tensor], changes: list[Tensor]) -> Tensor:
     return torch.stack([shifted_rows(grads), shifted_rows(changes)])
 
 
-def snapshotted(before: list[Tensor], after: list[Tensor], grads: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """Rows of p_before, grad and u of parameters with an exact snapshot, and their power-of-two sums.
+Bins = tuple[list[Tensor], Tensor]
+"""The bins and extents of tensors (:func:`~monitored_optim.histograms.binned`)."""
 
-    Returns float64 ``(3, k, 3)`` and :func:`~monitored_optim.capture.rules.at_powers_of_two` of each, ``(k,)``."""
-    rows = [shifted_rows(before), shifted_rows(grads), shifted_rows([p - b for p, b in zip(after, before)])]
-    return torch.stack(rows), torch.cat([at_powers_of_two(b, p) for p, b in zip(after, before)])
+
+def bins_of(changes: list[Tensor], after: list[Tensor], grads: list[Tensor],
+            table: Tensor | None) -> Bins | None:
+    """:func:`~monitored_optim.histograms.binned` of the k stored changes u, the k parameters after the
+    step and their k grads, in that order (``3k`` bins, extents ``(3k, 4)``); None where ``table`` is."""
+    return None if table is None else histograms.binned([*changes, *after, *grads], table)
+
+
+def snapshotted(before: list[Tensor], after: list[Tensor], grads: list[Tensor],
+                table: Tensor | None = None) -> tuple[Tensor, Tensor, Bins | None]:
+    """Rows of p_before, grad and u of parameters with an exact snapshot, their power-of-two sums,
+    and where ``table`` is given (:func:`inverted`'s) their :func:`bins_of`.
+
+    Returns float64 ``(3, k, 3)``, :func:`~monitored_optim.capture.rules.at_powers_of_two` of each ``(k,)``,
+    and the bins or None."""
+    changes = [p - b for p, b in zip(after, before)]
+    rows = [shifted_rows(before), shifted_rows(grads), shifted_rows(changes)]
+    return (torch.stack(rows), torch.cat([at_powers_of_two(b, p) for p, b in zip(after, before)]),
+            bins_of(changes, after, grads, table))
 
 
 def copied(xs: list[Tensor]) -> list[Tensor]:
@@ -289,9 +317,9 @@ class Fused:
     Args:
         view: the monitor's update view.
         mode: ``MonitorConfig.compile`` (see :func:`enabled`).
-        binned: the histograms family is on: the flat chunks' p, grads and u are binned
-            (:func:`~monitored_optim.histograms.segment_pieces`) and no parameter takes a compiled
-            route (they have no binning pass).
+        binned: the histograms family is on: the p, grads and u of the flat chunks are binned
+            (:func:`~monitored_optim.histograms.segment_pieces`), and those of whole parameters in
+            their compiled pass (:func:`bins_of`), a call's bins within the logging step's budget.
     """
 
     def __init__(self, view: View, mode: str, binned: bool = False) -> None:
@@ -313,13 +341,13 @@ class Fused:
         """The form the fused routes may take ``p`` in where its group's :meth:`way` allows it, from
         its metadata alone: ``"flat"`` (a non-empty dense float32/float64 parameter of at most
         :data:`SMALL` elements), ``"whole"`` (a larger one, where compiling is enabled for its
-        device and the histograms are off), or None (eager)."""
+        device), or None (eager)."""
         if type(p) not in (Tensor, torch.nn.Parameter) or p.dtype not in (torch.float32, torch.float64) \
                 or p.layout is not torch.strided or p.numel() == 0:
             return None
         if p.numel() <= SMALL:
             return "flat"
-        return "whole" if enabled(self.mode, p.device) and not self.binned else None
+        return "whole" if enabled(self.mode, p.device) else None
 
     def before(self, chunks: list[Flat], copies: list[Entry], whole: list[Entry], batch: stats.Batch) -> list[Tensor]:
         """Take p_before of the fused routes; returns the flat chunks' (one buffer per chunk).
@@ -344,7 +372,8 @@ class Fused:
         """After the step: the rows of every flat chunk (p_before, grad and u), and of ``entries`` (the
         whole ones) those of the snapshotted and the grad and u of the rebuilt ones, into ``batch``;
         one call per chunk of up to :data:`CHUNK` parameters of one param group, device, dtype, rank
-        and route, so that identical blocks share a compiled graph."""
+        and route, so that identical blocks share a compiled graph (and, where binned, whose bins
+        take at most 1/:data:`BINS_SHARE` of these parameters' bytes: one byte per element and series)."""
         kinds: dict[tuple[Any, ...], list[Entry]] = {}
         for e in entries:
             key = (id(e.group), e.p.device, e.p.dtype, e.p.dim(), isinstance(e.snapshot, Cloned))
@@ -356,14 +385,17 @@ class Fused:
             _put(batch, chunk.members, rows, stats.KINDS, present, chunk.sizes)
             if self.binned:
                 _bin(chunk, before, after, grad, present)
+        total = sum(e.p.numel() * e.p.element_size() for e in entries)
+        most = total // BINS_SHARE // len(histograms.KEYS) if self.binned else math.inf  # elements: a byte per series
         for key, members in kinds.items():
-            for i in range(0, len(members), CHUNK):
-                part = members[i:i + CHUNK]
+            table = histograms.fold(key[2], key[1]) if self.binned else None
+            for span in flat_chunks([e.p.numel() for e in members], most, CHUNK):
+                part = members[span.start:span.stop]
                 after = [e.p for e in part]
                 grads, present = _grads(after)
                 if key[-1]:
-                    rows, exact = self.fuser(snapshotted, [e.snapshot.before for e in part], after, grads,
-                                             device=key[1])
+                    rows, exact, bins = self.fuser(snapshotted, [e.snapshot.before for e in part], after, grads,
+                                                   table, device=key[1])
                     for e, value in zip(part, exact.unbind()):
                         e.pieces["exact"] = value.reshape(1)
                 else:
@@ -371,23 +403,27 @@ class Fused:
                     for e in part:
                         assert e.extremes is not None  # taken by before() for each entry the view rebuilds
                         bounds.append(e.extremes)
-                    rows = self._rebuilt_rows(part[0].group, after, [state.get(p, {}) for p in after], grads, bounds)
+                    rows, bins = self._rebuilt_rows(part[0].group, after, [state.get(p, {}) for p in after], grads,
+                                                    bounds, table)
                 _put(batch, part, rows, stats.KINDS if key[-1] else stats.KINDS[1:], present)
+                if bins is not None:
+                    _bin_whole(part, bins, present)
 
     def _rebuilt_rows(self, group: dict[str, Any], after: list[Tensor], states: list[dict[str, Any]],
-                      grads: list[Tensor], extremes: list[Tensor]) -> Tensor:
-        """The grad and u rows of a chunk of parameters the view rebuilds (:func:`inverted`).
+                      grads: list[Tensor], extremes: list[Tensor], table: Tensor | None) -> tuple[Tensor, Bins | None]:
+        """The grad and u rows of a chunk of parameters the view rebuilds, and their bins where
+        ``table`` is given (:func:`inverted`).
 
         Through the view's fused form, or, where it has none for these states, from the view's
         eager rebuild and inversion."""
         form = self.view.fused(group, after, states)
         if form is not None:
-            return self.fuser(inverted, *form, torch.stack(extremes), after, grads, device=after[0].device)
+            return self.fuser(inverted, *form, torch.stack(extremes), after, grads, table, device=after[0].device)
         changes = []
         for p, result, bound in zip(after, rebuild(self.view, group, after, states, [None] * len(after)), extremes):
             u = stored_change(p, result, None, bound.to(p.dtype), meant=False)[0]
             changes.append(torch.zeros_like(p) if u is None else u)
-        return grad_and_change_rows(grads, changes)
+        return grad_and_change_rows(grads, changes), bins_of(changes, after, grads, table)
 
 
 def device_chunks(entries: list[Entry]) -> Iterator[list[Entry]]:
@@ -417,13 +453,27 @@ def _bin(chunk: Flat, before: Tensor, after: Tensor, grads: Tensor, present: lis
     """The histograms of a flat chunk's u (formed in float64: exact), p after the step and grads (where
     present), each member's as its pieces (a flat entry is its plan's: none is left from a last step)."""
     for kind, x in (("u", after.double() - before.double()), ("param", after), ("grad", grads)):
+        _hand_out(chunk.members, histograms.segment_pieces(histograms.KEYS[kind], x, chunk.lengths), present)
+
+
+def _bin_whole(part: list[Entry], bins: Bins, present: list[bool]) -> None:
+    """The histograms of a call's whole parameters from their :func:`bins_of`, as their pieces."""
+    values, k = histograms.counted_bins(*bins), len(part)
+    for j, kind in enumerate(("u", "param", "grad")):
         series = histograms.KEYS[kind]
-        for e, values, held in zip(chunk.members, histograms.segment_pieces(series, x, chunk.lengths), present):
-            if held or kind != "grad":
-                e.pieces.update(values)
-            else:
-                for key in values:
-                    e.pieces.pop(key, None)
+        keys = (series, *histograms.extent_keys(series))
+        _hand_out(part, [dict(zip(keys, values[j * k + i])) for i in range(k)], present)
+
+
+def _hand_out(members: list[Entry], pieces: list[dict[str, Tensor]], present: list[bool]) -> None:
+    """Each member's histogram pieces of one series; a grad's only where the member has a grad (else
+    none is left from a last step)."""
+    for e, values, held in zip(members, pieces, present):
+        if held or histograms.KEYS["grad"] not in values:
+            e.pieces.update(values)
+        else:
+            for key in values:
+                e.pieces.pop(key, None)
 
 
 def _put(batch: stats.Batch, chunk: list[Entry], rows: Tensor, kinds: tuple[str, ...], present: list[bool],
