@@ -275,7 +275,8 @@ def _wide_slices(flat: Tensor, work: Any) -> Iterator[Tensor]:
     new tensor or ``work``'s ``kept`` buffer (valid until the next slice)."""
     for piece in (flat,) if flat.numel() <= SLICE else flat.split(SLICE):
         if piece.numel():
-            yield piece.double() if work is None else work.named("kept", piece, torch.float64).copy_(piece)
+            kept = None if work is None else work.named("kept", piece, torch.float64)
+            yield piece.to(torch.float64, copy=True) if kept is None else kept.copy_(piece)
 
 
 def _flat(x: Tensor, scale: Tensor | None) -> Tensor:
@@ -309,7 +310,7 @@ def segment_pieces(series: str, flat: Tensor, lengths: Tensor) -> list[dict[str,
     segment = torch.arange(k, device=flat.device).repeat_interleave(lengths, output_size=flat.numel())
     counts = _folded(_count(keys(flat) + segment * len(table), k * len(table)).view(k, len(table)), table)
     bad = torch.isfinite(flat).logical_not_()
-    wide = flat.double()
+    wide = flat.to(torch.float64, copy=True)  # masked in place below: never the caller's float64 tensor
     inf = torch.full((k,), math.inf, dtype=torch.float64, device=flat.device)
     low = inf.scatter_reduce(0, segment, wide.masked_fill(bad, math.inf), "amin")
     high = (-inf).scatter_reduce(0, segment, wide.masked_fill(bad, -math.inf), "amax")
@@ -375,8 +376,8 @@ def _count(key: Tensor, size: int) -> Tensor:
 
 def _folded(held: Tensor, table: Tensor) -> Tensor:
     """Float64 ``(k, NBINS)`` counts of the bins from k rows of counts of keys, int64 ``(k, len(table))``."""
-    binned = torch.zeros(held.shape[0], NBINS + 1, dtype=torch.float64, device=held.device)
-    return binned.index_add_(1, table, held.double())[:, :NBINS]
+    out = torch.zeros(held.shape[0], NBINS + 1, dtype=torch.float64, device=held.device)
+    return out.index_add_(1, table, held.double())[:, :NBINS]
 
 
 def keys(flat: Tensor, work: Any = None) -> Tensor:

@@ -486,3 +486,24 @@ def test_a_tally_adds_the_parts_of_each_owner_into_the_histogram_of_the_whole(dt
     tally.add(a, "update_hist", spread.to(dtype))
     tally.open(Step())  # another logging step: the parts of this one are dropped
     assert tally.pieces() == []
+
+
+@pytest.mark.parametrize("copies", [1, 1100], ids=["flat", "eager"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_binning_a_non_finite_element_never_writes_into_the_parameter_or_its_grad(copies, dtype):
+    """A float64 parameter and grad holding NaN and infinities (whose float64 copy for the sums would
+    be the tensor itself): after a monitored step with the histograms on, both are bit for bit the
+    plain optimizer's, in a flat chunk and past SMALL."""
+    w0 = torch.tensor([[1.0, math.nan], [math.inf, 2.0]], dtype=dtype).repeat(1, copies)
+    g0 = torch.tensor([[0.5, 0.5], [-math.inf, math.nan]], dtype=dtype).repeat(1, copies)
+    w, plain = nn.Parameter(w0.clone()), nn.Parameter(w0.clone())
+    opt = Monitored(torch.optim.SGD)([("w", w)], lr=0.1, monitor=MonitorConfig(
+        backend="none", every=1, figures="histograms"))
+    reference = torch.optim.SGD([plain], lr=0.1)
+    w.grad, plain.grad = g0.clone(), g0.clone()
+    opt.step()
+    reference.step()
+    bits = torch.int64 if dtype is torch.float64 else torch.int32
+    assert torch.equal(w.detach().view(bits), plain.detach().view(bits))
+    assert torch.equal(w.grad.view(bits), plain.grad.view(bits))
+    assert sum(opt.monitor.histograms["param_hist/w"]) == copies  # the one finite element of four
