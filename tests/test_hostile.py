@@ -347,6 +347,37 @@ def test_adafactor_on_a_large_transposed_matrix_with_a_contiguous_grad(foreach):
         truth.assert_figures_match(logged, expected)
 
 
+@pytest.mark.parametrize("shape", [(64, 80), (600, 512)], ids=["whole", "row-blocks"])
+@pytest.mark.parametrize("bad", ["param", "grad"])
+def test_adafactor_with_a_nan_element_rebuilds_the_finite_updates_of_the_others(shape, bad):
+    """Adafactor's step takes α = max(eps2, RMS(p)) and the clipping's max(1, RMS(U)/d) with Python's
+    ``max``, which gives the floor for NaN: one NaN in p leaves the other elements' updates finite.
+    Rebuilt by the view, the update histogram holds every finite element of the clone truth's u,
+    with its extremes (and none where a NaN grad made every update NaN); the trajectory is the plain
+    optimizer's bit for bit."""
+    from test_histograms import assert_exact, truth as hist_truth
+
+    torch.manual_seed(0)
+    w0 = torch.randn(*shape) * 0.02
+    g = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    (w0 if bad == "param" else g)[3, 7] = math.nan
+    w, plain = nn.Parameter(w0.clone()), nn.Parameter(w0.clone())
+    opt = Monitored(torch.optim.Adafactor)([("w", w)], lr=1e-2, monitor=MonitorConfig(
+        backend="none", every=1, figures="histograms"))
+    reference = torch.optim.Adafactor([plain], lr=1e-2)
+    for _ in range(2):
+        w.grad, plain.grad = g.clone(), g.clone()
+        before = w.detach().clone()
+        opt.step()
+        reference.step()
+        assert torch.equal(w.detach().view(torch.int32), plain.detach().view(torch.int32))
+        u = w.detach().double() - before.double()
+        if bad == "param":  # a NaN grad reaches every element through the factored second moment
+            assert u.isfinite().sum() == w.numel() - 1
+        assert_exact(opt.monitor.histograms["update_hist/w"], hist_truth(u), spacing=float(
+            torch.finfo(torch.float32).eps * before.nan_to_num().abs().max()))
+
+
 @pytest.mark.parametrize("params", [None, "fc*"])
 def test_a_dropped_model_and_optimizer_leave_nothing_alive(params):
     """The parameter selection holds no parameter (a cache keyed by tensors would keep every model of

@@ -63,7 +63,7 @@ class AdafactorView(View):
         if grad.dim() == 2 and grad.is_contiguous() and p.is_contiguous() and p.numel() > PART_ELEMENTS:
             return _rows(grad, state, eps1, alpha, root_n * group["d"], s)
         update = _normalized(grad, state, eps1)
-        clip = update.norm(2).double().div_(root_n * group["d"]).clamp_(min=1.0)
+        clip = _at_least(update.norm(2).double().div_(root_n * group["d"]), 1.0)
         update.mul_(-alpha / clip.to(alpha.dtype))
         return Stores((update,), s)
 
@@ -104,7 +104,7 @@ def _rows(grad: Tensor, state: dict[str, Any], eps1: float, alpha: Tensor, thres
     squares = grad.new_zeros((), dtype=torch.float64)  # one accumulator: no small tensor kept per block
     for a in starts:
         squares.add_(torch.linalg.vector_norm(block(a)).double().square())
-    factor = -alpha / squares.sqrt_().div_(threshold).clamp_(min=1.0).to(alpha.dtype)
+    factor = -alpha / _at_least(squares.sqrt_().div_(threshold), 1.0).to(alpha.dtype)
 
     def slices() -> Iterator[tuple[slice, Stores]]:
         for a in starts:
@@ -116,7 +116,13 @@ def _rows(grad: Tensor, state: dict[str, Any], eps1: float, alpha: Tensor, thres
 def _alpha(norm_before: Tensor, root_n: float, eps2: float, rho: float | Tensor) -> Tensor:
     """α = max(eps2, ‖p_b‖/√n)·ρ_t as a 0-dim tensor: float64 (Python float arithmetic), or ρ's
     dtype when ρ is a Tensor lr (torch then multiplies a Python float by that tensor)."""
-    rms = norm_before.double().div_(root_n).clamp_(min=eps2)
+    rms = _at_least(norm_before.double().div_(root_n), eps2)
     if isinstance(rho, Tensor):
         return rms.to(rho.dtype) * rho
     return rms.mul_(rho)
+
+
+def _at_least(x: Tensor, floor: float) -> Tensor:
+    """``max(floor, x)`` as torch's step takes it, Python's ``max`` of a float: ``floor`` where x is NaN
+    (a parameter or update holding NaN), unlike ``clamp``."""
+    return torch.where(x > floor, x, floor)
