@@ -276,6 +276,35 @@ def test_the_compiled_routes_stay_taken_and_bin_as_the_eager_ones(opt_cls, kwarg
     assert records[True] == records[False]
 
 
+@pytest.mark.parametrize("opt_cls,kwargs", [
+    (torch.optim.SGD, {"momentum": 0.9, "weight_decay": 1e-2}), (torch.optim.SGD, {}),
+    (torch.optim.Adam, {"amsgrad": True, "weight_decay": 1e-2, "foreach": False}),
+], ids=["SGD-momentum-decay", "SGD", "Adam-amsgrad-L2"])
+def test_the_compiled_inversion_stores_as_the_eager_one_and_counts_alike(opt_cls, kwargs):
+    """An embedding-like matrix (N(0, 1), most rows without a grad: their update is a few spacings of
+    p, often a power of two, on a bin's edge): the compiled inversion rounds p - f·r once, as the
+    eager ``torch.sub(p, r, alpha=f)`` and the optimizers' own ``add_(t, alpha=)`` do, so both
+    captures count every element in the same bin as numpy does with the clone truth."""
+    counts = {}
+    for compile in (True, False):
+        torch.manual_seed(0)
+        w = nn.Parameter(torch.randn(10000, 64))
+        opt = Monitored(opt_cls)([("w", w)], lr=1e-2, **kwargs, monitor=MonitorConfig(
+            backend="none", every=1, figures="histograms", compile=compile))
+        counts[compile] = []
+        for i in range(3):
+            g = torch.zeros(10000, 64)
+            g[torch.randint(0, 10000, (40,), generator=torch.Generator().manual_seed(i))] = 0.1
+            w.grad = g
+            before = w.detach().clone()
+            opt.step()
+            got = opt.monitor.histograms["update_hist/w"]
+            assert list(got) == list(truth(w.detach().double() - before.double())), (compile, i)
+            counts[compile].append(list(got))
+        assert ("fused" in opt.monitor.describe().split("capture:", 1)[1]) == compile
+    assert counts[True] == counts[False]
+
+
 def opt_of_last_run(compile):
     """The optimizer after one logging step of :func:`run` with ``MonitorConfig(compile=compile)``."""
     for opt, _ in run(torch.optim.AdamW, torch.float32, 1e-3, steps=1, compile=compile):

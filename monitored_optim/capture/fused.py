@@ -199,11 +199,29 @@ def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factor
     """
     changes = []
     for p, r, f, (lo, hi) in zip(after, rebuild(*args), factors.unbind(), extremes.unbind()):
-        b = p - (r * f).to(p.dtype)  # the nearest value to p - d, rounded in p's dtype
+        b = minus_scaled(p, r, f)
         b = b if s is None else b / s.to(p.dtype)
         b = torch.where(lo == hi, lo.to(p.dtype), b)  # a constant is recovered exactly
         changes.append(p - b)  # exact (Sterbenz)
     return grad_and_change_rows(grads, changes), bins_of(changes, after, grads, table)
+
+
+def minus_scaled(p: Tensor, r: Tensor, f: Tensor) -> Tensor:
+    """p - f·r rounded once in p's dtype, as ``torch.sub(p, r, alpha=f)`` stores it (a fused multiply-add,
+    the factor in p's dtype): the eager inversion's arithmetic, and the optimizers' own ``add_(t, alpha=)``.
+
+    Args:
+        p, r: tensors of one shape, float32 or float64 (p's dtype; r may be wider).
+        f: a float64 0-dim tensor.
+
+    Returns:
+        A tensor like ``p``. For float32 the product of r and f in float32 is exact in float64, so the
+        one rounding is the float64 difference's (rounded twice: equal but for ties in float64); a
+        float64 ``p`` gets the product rounded first.
+    """
+    if p.dtype is torch.float32:
+        return (p.double() - r.float().double() * f.float().double()).float()
+    return p - (r * f).to(p.dtype)
 
 
 def grad_and_change_rows(grads: list[Tensor], changes: list[Tensor]) -> Tensor:

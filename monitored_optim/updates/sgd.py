@@ -56,6 +56,8 @@ class SgdView(View):
             return Scaled(state["momentum_buffer"], -lr)
         if group["nesterov"] and _is_zero(wd) and not group["maximize"] and ran_foreach(group):
             return Scaled(_dense(p.grad), -lr)
+        if momentum == 0 and _is_zero(wd):  # p.add_(±grad, alpha=-lr): stored in one rounding, as it is inverted
+            return Scaled(_dense(p.grad), lr if group["maximize"] else -lr)
         d = _dense(p.grad)
         d = d.neg() if group["maximize"] else d.clone()
         if not _is_zero(wd):
