@@ -172,13 +172,17 @@ class Tally:
             sums = _sums(flat, work)
         self._part(owner, series, table, held, ends, sums)
 
-    def add_zeros(self, owner: Any, series: str, n: int, device: torch.device) -> None:
-        """Count a part of ``n`` exact zeros (one the view says did not move) of ``owner``'s tensor."""
-        table = fold(torch.float32, device, True)
-        held = torch.zeros(len(table), dtype=torch.int64, device=device)
+    def add_zeros(self, owner: Any, series: str, x: Tensor) -> None:
+        """Count the change of a part ``x`` that the view says did not move: x - x, an exact zero for
+        each finite element of ``x`` (NaN for a non-finite one, not binned)."""
+        flat = _flat(x, None)
+        n = torch.isfinite(flat).sum()
+        table = fold(torch.float32, flat.device, True)
+        held = torch.zeros(len(table), dtype=torch.int64, device=flat.device)
         held[0] = n  # +0.0's key
-        ends = torch.tensor([0.0, 0.0] if n else [math.inf, -math.inf], dtype=torch.float64, device=device)
-        self._part(owner, series, table, held, ends, torch.zeros(2, dtype=torch.float64, device=device))
+        ends = torch.where(n > 0, torch.zeros(2, dtype=torch.float64, device=flat.device),
+                           torch.tensor([math.inf, -math.inf], dtype=torch.float64, device=flat.device))
+        self._part(owner, series, table, held, ends, torch.zeros(2, dtype=torch.float64, device=flat.device))
 
     def drop(self, owner: Any, series: str) -> None:
         """Forget the parts counted of ``owner``'s tensor under ``series`` (its grads, made again by a closure)."""

@@ -499,7 +499,8 @@ def test_a_tally_adds_the_parts_of_each_owner_into_the_histogram_of_the_whole(dt
     a, b = object(), object()
     for part in first:
         tally.add(a, "update_hist", part)
-    tally.add_zeros(a, "update_hist", 7, torch.device("cpu"))
+    tally.add_zeros(a, "update_hist", torch.tensor([1.0, -3.0, math.inf, 0.5, math.nan, 2.0, 1e-30, -0.0, 7.0],
+                                                   dtype=dtype))  # 7 finite: 7 exact zeros
     tally.add(a, "grad_hist", spread.to(dtype))
     tally.drop(a, "grad_hist")
     for part in second:
@@ -536,3 +537,20 @@ def test_binning_a_non_finite_element_never_writes_into_the_parameter_or_its_gra
     assert torch.equal(w.detach().view(bits), plain.detach().view(bits))
     assert torch.equal(w.grad.view(bits), plain.grad.view(bits))
     assert sum(opt.monitor.histograms["param_hist/w"]) == copies  # the one finite element of four
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_a_layer_without_a_grad_holding_nan_counts_only_its_finite_elements_as_unmoved(compile):
+    """An unused layer past SMALL holding NaN and infinities: the step leaves it as it was, so its
+    stored change is 0 at each finite element and NaN (x - x) at the others, which are not binned."""
+    torch.manual_seed(0)
+    used, unused = nn.Parameter(torch.randn(80, 64)), nn.Parameter(torch.randn(80, 64))
+    with torch.no_grad():
+        unused[0, :3] = torch.tensor([math.nan, math.inf, -math.inf])
+    opt = Monitored(torch.optim.AdamW)([("used", used), ("unused", unused)], lr=1e-3, monitor=MonitorConfig(
+        backend="none", every=1, figures="histograms", compile=compile))
+    used.grad = torch.randn(80, 64)
+    before = unused.detach().clone()
+    opt.step()
+    assert_exact(opt.monitor.histograms["update_hist/unused"], truth(unused.detach().double() - before.double()))
+    assert sum(opt.monitor.histograms["update_hist/unused"]) == 80 * 64 - 3

@@ -153,7 +153,7 @@ class Eager:
         u, meant = stored_change(p, result, before, e.extremes, work, meant=self.verify or p.dtype in LOW_PRECISION)
         if self.binned:
             if u is None:
-                self.tally.add_zeros(e.owner, histograms.KEYS["u"], stats.count(p), p.device)
+                self.tally.add_zeros(e.owner, histograms.KEYS["u"], p)
             else:
                 self.tally.add(e.owner, histograms.KEYS["u"], u, work=work)
             self.tally.add(e.owner, histograms.KEYS["param"], p, work=work)
