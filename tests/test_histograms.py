@@ -554,3 +554,19 @@ def test_a_layer_without_a_grad_holding_nan_counts_only_its_finite_elements_as_u
     opt.step()
     assert_exact(opt.monitor.histograms["update_hist/unused"], truth(unused.detach().double() - before.double()))
     assert sum(opt.monitor.histograms["update_hist/unused"]) == 80 * 64 - 3
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_a_snapshotted_change_that_crosses_zero_is_binned_exactly(compile):
+    """A vector past SMALL (the snapshot route) stepping from -1.5·2⁻²⁵ to 1 - 2⁻²⁴: its change in
+    float32 would round up to 1.0, the next bin; it is formed in float64, as the clone truth is."""
+    w = nn.Parameter(torch.full((5000,), -1.5 * 2.0 ** -25))
+    opt = Monitored(torch.optim.SGD)([("w", w)], lr=1.0, monitor=MonitorConfig(
+        backend="none", every=1, figures="histograms", compile=compile))
+    w.grad = torch.full((5000,), -1.0)
+    before = w.detach().clone()
+    opt.step()
+    assert "snapshot" in opt.monitor.describe().split("capture:", 1)[1]
+    u = w.detach().double() - before.double()
+    assert float(w.detach()[0] - before[0]) == 1.0 and u.max() < 1.0  # the float32 difference crosses the edge
+    assert_exact(opt.monitor.histograms["update_hist/w"], truth(u))

@@ -154,8 +154,9 @@ class Eager:
         if self.binned:
             if u is None:
                 self.tally.add_zeros(e.owner, histograms.KEYS["u"], p)
-            else:
-                self.tally.add(e.owner, histograms.KEYS["u"], u, work=work)
+            else:  # formed in float64 where p_before is held (exact also where it crosses 0)
+                self.tally.add(e.owner, histograms.KEYS["u"], u if before is None else _exact_change(p, before),
+                               work=work)
             self.tally.add(e.owner, histograms.KEYS["param"], p, work=work)
         if u is None:  # the view says nothing moved; verify mode checks that against its clone
             if clone is not None:
@@ -230,3 +231,9 @@ def record_grads(batch: stats.Batch, entries: list[Entry], grad_scale: Tensor | 
     scale = None if grad_scale is None else grad_scale.detach().double().reciprocal()  # sums are linear
     record(batch, [e for e, _, _ in with_grad], "grad", [g for _, _, g in with_grad],
            [c for _, c, _ in with_grad], scale)
+
+
+def _exact_change(p: Tensor, before: Tensor) -> Tensor:
+    """p - p_before formed in float64 (complex128), exact: the change a snapshot's histogram counts."""
+    wide = torch.complex128 if p.is_complex() else torch.float64
+    return p.detach().to(wide) - before.to(wide)
