@@ -166,7 +166,7 @@ class Tally:
         ends = _finite_ends(flat)
         table, held = _keys_counted(flat, ends is not None, work)
         if ends is None:
-            low, high, sums = extent(flat, work)
+            low, high, sums = _masked_extent(flat, work)
             ends = torch.cat([low, high])
         else:
             sums = _sums(flat, work)
@@ -244,8 +244,11 @@ def extent(flat: Tensor, work: Any = None) -> tuple[Tensor, Tensor, Tensor]:
         no element is finite (the identities of their reductions: no value), the sums then 0.
     """
     ends = _finite_ends(flat)
-    if ends is not None:
-        return ends[0:1], ends[1:2], _sums(flat, work)
+    return (ends[0:1], ends[1:2], _sums(flat, work)) if ends is not None else _masked_extent(flat, work)
+
+
+def _masked_extent(flat: Tensor, work: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`extent` with the non-finite elements masked, one slice at a time (any tensor)."""
     inf = torch.full((1,), math.inf, dtype=torch.float64, device=flat.device)
     low, high, sums = inf, -inf, torch.zeros(2, dtype=torch.float64, device=flat.device)
     for x in _wide_slices(flat, work):
@@ -353,8 +356,16 @@ def binned(xs: list[Tensor], table: Tensor) -> tuple[list[Tensor], Tensor]:
 
 
 def counted_bins(bins: list[Tensor], extents: Tensor) -> list[tuple[Tensor, Tensor, Tensor, Tensor]]:
-    """Per tensor binned by :func:`binned` (its ``bins`` and ``extents``), the values of its pieces in
-    the order of ``(series, *extent_keys(series))``: its counts, min, max and sums."""
+    """The values of the pieces of each tensor that :func:`binned` binned.
+
+    Args:
+        bins: per tensor, its elements' bins (uint8, any length, on one device).
+        extents: float64 ``(len(bins), 4)``, per tensor ``(min, max, Σx, Σx²)``.
+
+    Returns:
+        Per tensor, in the order of ``(series, *extent_keys(series))``: its counts (float64 ``(NBINS,)``),
+        min and max (``(1,)`` each) and sums (``(2,)``), views of one stacked tensor each.
+    """
     counts = torch.stack([_count(b, NBINS + 1) for b in bins])[:, :NBINS].double()
     return list(zip(counts.unbind(), extents[:, 0:1].unbind(), extents[:, 1:2].unbind(), extents[:, 2:4].unbind()))
 

@@ -17,10 +17,11 @@ centring, sums), so its cost follows the number of tensors. The fused path hands
   large tensors exact to about 1e-16 per element.
 
 :func:`torch.compile` (inductor) fuses each function into a few kernels that read p, grad and
-state once and write nothing of parameter size (with the histograms on, each element's bin in u, p and
-the grad: a byte each, a bounded share per call, :data:`BINS_SHARE`); shapes are dynamic, so chunks with the same count,
-kinds and ranks (identical transformer blocks) share one compiled graph. Where compiling fails the
-same function runs eagerly (a warning, once), which gives the same figures.
+state once and write nothing of parameter size but, with the histograms on, each element's bin of u,
+p and the grad (a byte each, a bounded share per call, :data:`BINS_SHARE`); shapes are dynamic, so
+chunks with the same count, kinds and ranks (identical transformer blocks) share one compiled
+graph. Where compiling fails the same function runs eagerly (a warning, once), which gives the same
+figures.
 """
 
 from __future__ import annotations
@@ -414,8 +415,7 @@ class Fused:
         total = sum(e.p.numel() * e.p.element_size() for e in entries)
         most = total // BINS_SHARE // len(histograms.KEYS) if self.binned else math.inf  # elements: a byte per series
         for key, members in kinds.items():
-            own = histograms.fold(key[2], key[1])
-            tables = (histograms.fold(torch.float64, key[1]) if key[-1] else own, own) if self.binned else None
+            tables = _tables(key[2], key[1], snapshot=key[-1]) if self.binned else None
             for span in flat_chunks([e.p.numel() for e in members], most, CHUNK):
                 part = members[span.start:span.stop]
                 after = [e.p for e in part]
@@ -482,6 +482,13 @@ def _bin(chunk: Flat, before: Tensor, after: Tensor, grads: Tensor, present: lis
     present), each member's as its pieces (a flat entry is its plan's: none is left from a last step)."""
     for kind, x in (("u", after.double() - before.double()), ("param", after), ("grad", grads)):
         _hand_out(chunk.members, histograms.segment_pieces(histograms.KEYS[kind], x, chunk.lengths), present)
+
+
+def _tables(dtype: torch.dtype, device: torch.device, snapshot: bool) -> tuple[Tensor, Tensor]:
+    """The fold tables of :func:`bins_of` for parameters of ``dtype``: of their changes (float64's
+    for a snapshot, whose change is formed in float64) and of their own dtype."""
+    own = histograms.fold(dtype, device)
+    return histograms.fold(torch.float64, device) if snapshot else own, own
 
 
 def _bin_whole(part: list[Entry], bins: Bins, present: list[bool]) -> None:
