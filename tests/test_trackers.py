@@ -186,7 +186,10 @@ def test_every_row_is_kept_at_interpreter_exit(tracker, tmp_path, how):
     """A script that never calls ``close()`` (``exit_child.py``), ending normally, by Ctrl-C or by a
     SIGTERM handler that exits: the run holds every logging step."""
     returncode, latest, stderr = run_child(how, tracker.name, tmp_path)
-    assert returncode == {"end": 0, "ctrl-c": -signal.SIGINT, "sigterm-exit": 128 + signal.SIGTERM}[how], stderr
+    expected = {"end": {0}, "ctrl-c": {-signal.SIGINT}, "sigterm-exit": {128 + signal.SIGTERM}}[how]
+    if tracker.name == "comet" and how == "ctrl-c":  # Comet's own exit handler, archiving its offline
+        expected.add(1)                              # run, sometimes ends the process with status 1
+    assert returncode in expected, stderr
     assert "monitored_optim:" not in stderr
     (rows,) = tracker.runs(tmp_path)
     assert sorted(rows) == [1, 2, 3, 4, 5]
