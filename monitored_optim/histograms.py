@@ -18,8 +18,9 @@ not binned (``health/`` counts them). Counts of the same bins add: over the part
 parameter, over ranks, over steps.
 
 Beside its counts a histogram holds the exact min, max, sum and sum of squares of the same finite
-elements (:class:`Histogram`), each a piece of its own with its declared reduction (:data:`PIECES`):
-the bins say how the elements spread, these where they end and their total.
+elements (:class:`Histogram`): the bins say how the elements spread, these where they end and their
+total. A tensor's histogram is three pieces, each with its declared reduction (:data:`PIECES`): the
+counts followed by the sums (SUM), the min (MIN) and the max (MAX).
 """
 
 from __future__ import annotations
@@ -53,17 +54,19 @@ KEYS = {"u": "update_hist", "grad": "grad_hist", "param": "param_hist"}
 the parameter after the step."""
 
 
-def extent_keys(series: str) -> tuple[str, str, str]:
-    """The piece keys of the min, max and ``(Σx, Σx²)`` of ``series`` (``update_hist``, ...)."""
-    return f"hist_min:{series}", f"hist_max:{series}", f"hist_sums:{series}"
+def piece_keys(series: str) -> tuple[str, str, str]:
+    """The piece keys of a histogram of ``series`` (``update_hist``, ...): its counts and sums, its min, its max."""
+    return series, f"hist_min:{series}", f"hist_max:{series}"
 
 
-PIECES = {key: how for series in KEYS.values()
-          for key, how in zip((series, *extent_keys(series)), (SUM, MIN, MAX, SUM))}
-"""Every piece key of the histograms -> its reduction: per series its counts (SUM), the min (MIN),
-the max (MAX) and ``(Σx, Σx²)`` (SUM) of its finite elements."""
+PIECES = {key: how for series in KEYS.values() for key, how in zip(piece_keys(series), (SUM, MIN, MAX))}
+"""Every piece key of the histograms -> its reduction: per series the counts of its finite elements
+in the bins followed by their ``(Σx, Σx²)`` (SUM, :data:`WIDTH` values), their min (MIN) and their max (MAX)."""
 
-WIDTHS = {key: width for series in KEYS.values() for key, width in ((series, NBINS), (extent_keys(series)[2], 2))}
+WIDTH = NBINS + 2
+"""Values of a histogram's SUM piece: the :data:`NBINS` counts, then Σx and Σx²."""
+
+WIDTHS = {series: WIDTH for series in KEYS.values()}
 """The width of each piece of :data:`PIECES` that holds more than one value."""
 
 
@@ -203,18 +206,16 @@ class Tally:
             local = {g: i for i, g in enumerate(dict.fromkeys(g for g, _ in mine))}
             index = torch.tensor([local[g] for g, _ in mine], device=device)
             n = len(local)
-            folded = torch.cat([_folded(torch.stack([part.held for _, part in items]), table)
-                                for table, items in tables.values()])
-            counted = torch.zeros(n, NBINS, dtype=torch.float64, device=device).index_add_(0, index, folded)
+            folded = [_folded(torch.stack([part.held for _, part in items]), table) for table, items in tables.values()]
+            rows = torch.cat([torch.cat(folded), torch.stack([part.sums for _, part in mine])], 1)
+            summed = torch.zeros(n, WIDTH, dtype=torch.float64, device=device).index_add_(0, index, rows)
             ends = torch.stack([part.ends for _, part in mine])
             inf = torch.full((n,), math.inf, dtype=torch.float64, device=device)
             low = inf.scatter_reduce(0, index, ends[:, 0], "amin").unsqueeze(1)
             high = (-inf).scatter_reduce(0, index, ends[:, 1], "amax").unsqueeze(1)
-            sums = torch.zeros(n, 2, dtype=torch.float64, device=device).index_add_(
-                0, index, torch.stack([part.sums for _, part in mine]))
-            for g, i in local.items():
+            for (g, _), values in zip(local.items(), zip(summed.unbind(), low.unbind(), high.unbind())):
                 owner, series = owners[g][0]
-                out.append((owner, dict(zip((series, *extent_keys(series)), (counted[i], low[i], high[i], sums[i])))))
+                out.append((owner, dict(zip(piece_keys(series), values))))
         return out
 
     def _part(self, owner: Any, series: str, table: Tensor, held: Tensor, ends: Tensor, sums: Tensor) -> None:
@@ -300,32 +301,32 @@ def _flat(x: Tensor, scale: Tensor | None) -> Tensor:
     return flat
 
 
-def segment_pieces(series: str, flat: Tensor, lengths: Tensor) -> list[dict[str, Tensor]]:
-    """The pieces of each of the consecutive segments of a flat tensor (a flat chunk's), by key of
-    :data:`PIECES`, as a :class:`Tally` gives those of a parameter.
+def segment_values(flat: Tensor, lengths: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """The values of the pieces of each of the consecutive segments of a flat tensor (a flat chunk's),
+    as a :class:`Tally` gives those of a parameter.
 
     Args:
-        series: the histogram's series (``update_hist``, ...).
         flat: 1-D tensor of a dtype of :data:`BITS`, the segments laid end to end.
         lengths: int64 tensor of shape ``(k,)`` on ``flat``'s device, positive, summing to ``flat.numel()``.
 
     Returns:
-        Per segment, its pieces by key of :data:`PIECES`.
+        Per segment, in the order of :func:`piece_keys`: its counts and sums (float64 ``(WIDTH,)``),
+        its min and its max (``(1,)`` each), views of one stacked tensor each.
     """
     table = fold(flat.dtype, flat.device)
     k = lengths.numel()
     segment = torch.arange(k, device=flat.device).repeat_interleave(lengths, output_size=flat.numel())
-    counts = _folded(_count(keys(flat) + segment * len(table), k * len(table)).view(k, len(table)), table)
+    bins = table[keys(flat)] + segment * (NBINS + 1)  # folded first: NBINS + 1 per segment, not a key each
+    counts = _count(bins, k * (NBINS + 1)).view(k, NBINS + 1)[:, :NBINS].double()
     bad = torch.isfinite(flat).logical_not_()
     wide = flat.to(torch.float64, copy=True)  # masked in place below: never the caller's float64 tensor
     inf = torch.full((k,), math.inf, dtype=torch.float64, device=flat.device)
     low = inf.scatter_reduce(0, segment, wide.masked_fill(bad, math.inf), "amin")
     high = (-inf).scatter_reduce(0, segment, wide.masked_fill(bad, -math.inf), "amax")
     kept = wide.masked_fill_(bad, 0.0)
-    sums = torch.zeros(k, 2, dtype=torch.float64, device=flat.device).index_add_(0, segment,
-                                                                                  torch.stack([kept, kept.square()], 1))
-    return [dict(zip((series, *extent_keys(series)), values))
-            for values in zip(counts.unbind(), low.unsqueeze(1).unbind(), high.unsqueeze(1).unbind(), sums.unbind())]
+    sums = [torch.segment_reduce(v, "sum", lengths=lengths, unsafe=True) for v in (kept, kept.square())]
+    return list(zip(torch.cat([counts, torch.stack(sums, 1)], 1).unbind(), low.unsqueeze(1).unbind(),
+                    high.unsqueeze(1).unbind()))
 
 
 def binned(xs: list[Tensor], table: Tensor) -> tuple[list[Tensor], Tensor]:
@@ -355,7 +356,7 @@ def binned(xs: list[Tensor], table: Tensor) -> tuple[list[Tensor], Tensor]:
     return bins, torch.stack(extents)
 
 
-def counted_bins(bins: list[Tensor], extents: Tensor) -> list[tuple[Tensor, Tensor, Tensor, Tensor]]:
+def counted_bins(bins: list[Tensor], extents: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
     """The values of the pieces of each tensor that :func:`binned` binned.
 
     Args:
@@ -363,11 +364,11 @@ def counted_bins(bins: list[Tensor], extents: Tensor) -> list[tuple[Tensor, Tens
         extents: float64 ``(len(bins), 4)``, per tensor ``(min, max, Σx, Σx²)``.
 
     Returns:
-        Per tensor, in the order of ``(series, *extent_keys(series))``: its counts (float64 ``(NBINS,)``),
-        min and max (``(1,)`` each) and sums (``(2,)``), views of one stacked tensor each.
+        Per tensor, as :func:`segment_values`'.
     """
     counts = torch.stack([_count(b, NBINS + 1) for b in bins])[:, :NBINS].double()
-    return list(zip(counts.unbind(), extents[:, 0:1].unbind(), extents[:, 1:2].unbind(), extents[:, 2:4].unbind()))
+    return list(zip(torch.cat([counts, extents[:, 2:4]], 1).unbind(), extents[:, 0:1].unbind(),
+                    extents[:, 1:2].unbind()))
 
 
 def _keys_counted(flat: Tensor, finite: bool, work: Any) -> tuple[Tensor, Tensor]:
@@ -482,12 +483,11 @@ def of(names: list[str], pieces: list[dict[str, list[float]]]) -> dict[str, Hist
     out = {}
     for name, got in zip(names, pieces):
         for series in KEYS.values():
-            if series not in got:
-                continue
-            low, high, sums = (got.get(key) for key in extent_keys(series))
-            total, squares = sums if sums is not None else (0.0, 0.0)
-            out[f"{series}/{name}"] = Histogram(map(round, got[series]), _finite(low), _finite(high),
-                                                total, squares)
+            summed = got.get(series)
+            if summed is not None:
+                _, low, high = (got.get(key) for key in piece_keys(series))
+                out[f"{series}/{name}"] = Histogram(map(round, summed[:NBINS]), _finite(low), _finite(high),
+                                                    summed[NBINS], summed[NBINS + 1])
     return out
 
 

@@ -352,7 +352,8 @@ class Moments:
         for device in set(self.tables) | {x.device for x in extra}:
             mine = [i for i, x in enumerate(extra) if x.device == device]
             table = self.tables.get(device, torch.zeros((0, 2), dtype=torch.float64, device=device))
-            flat = torch.cat([table.reshape(-1), *(extra[i].reshape(-1) for i in mine)]).cpu()
+            flat = torch.cat([table.reshape(-1), *(x if (x := extra[i]).dim() == 1 else x.reshape(-1)
+                                                   for i in mine)]).cpu()  # no view of a 1-D one
             order = self.order.get(device, torch.zeros(0, dtype=torch.long))
             pairs[order] = flat[:table.numel()].view(-1, 2)
             present[order] = True

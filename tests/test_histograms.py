@@ -506,11 +506,10 @@ def test_a_tally_adds_the_parts_of_each_owner_into_the_histogram_of_the_whole(dt
     for part in second:
         tally.add(b, "param_hist", part)
     got = {(id(owner), key): value for owner, values in tally.pieces() for key, value in values.items()}
-    assert {key for _, key in got} == {key for series in ("update_hist", "param_hist")
-                                       for key in (series, *H.extent_keys(series))}
+    assert {key for _, key in got} == {key for series in ("update_hist", "param_hist") for key in H.piece_keys(series)}
     for owner, series, parts in ((a, "update_hist", [*first, torch.zeros(7, dtype=dtype)]), (b, "param_hist", second)):
-        low, high, sums = (got[id(owner), key] for key in H.extent_keys(series))
-        hist = H.Histogram(map(round, got[id(owner), series].tolist()), low.item(), high.item(), *sums.tolist())
+        summed, low, high = (got[id(owner), key] for key in H.piece_keys(series))
+        hist = H.Histogram(map(round, summed[:H.NBINS].tolist()), low.item(), high.item(), *summed[H.NBINS:].tolist())
         assert_exact(hist, truth(torch.cat(parts)), series)
     assert tally.pieces() == []
     tally.add(a, "update_hist", spread.to(dtype))

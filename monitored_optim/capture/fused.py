@@ -345,7 +345,7 @@ class Fused:
         view: the monitor's update view.
         mode: ``MonitorConfig.compile`` (see :func:`enabled`).
         binned: the histograms family is on: the p, grads and u of the flat chunks are binned
-            (:func:`~monitored_optim.histograms.segment_pieces`), and those of whole parameters in
+            (:func:`~monitored_optim.histograms.segment_values`), and those of whole parameters in
             their compiled pass (:func:`bins_of`), a call's bins within the logging step's budget.
     """
 
@@ -478,10 +478,12 @@ def _grads(params: list[Tensor]) -> tuple[list[Tensor], list[bool]]:
 
 
 def _bin(chunk: Flat, before: Tensor, after: Tensor, grads: Tensor, present: list[bool]) -> None:
-    """The histograms of a flat chunk's u (formed in float64: exact), p after the step and grads (where
-    present), each member's as its pieces (a flat entry is its plan's: none is left from a last step)."""
-    for kind, x in (("u", after.double() - before.double()), ("param", after), ("grad", grads)):
-        _hand_out(chunk.members, histograms.segment_pieces(histograms.KEYS[kind], x, chunk.lengths), present)
+    """The histograms of a flat chunk's u, p after the step and grads (where present), each member's as
+    its pieces (a flat entry is its plan's: none is left from a last step); binned at once in float64,
+    where u is exact and p and the grads are as they are."""
+    wide = after.double()
+    laid = torch.cat([wide - before.double(), wide, grads.double()])
+    _hand_out(chunk.members, histograms.segment_values(laid, chunk.lengths.repeat(len(histograms.KEYS))), present)
 
 
 def _tables(dtype: torch.dtype, device: torch.device, snapshot: bool) -> tuple[Tensor, Tensor]:
@@ -493,22 +495,22 @@ def _tables(dtype: torch.dtype, device: torch.device, snapshot: bool) -> tuple[T
 
 def _bin_whole(part: list[Entry], bins: Bins, present: list[bool]) -> None:
     """The histograms of a call's whole parameters from their :func:`bins_of`, as their pieces."""
-    values, k = histograms.counted_bins(*bins), len(part)
+    _hand_out(part, histograms.counted_bins(*bins), present)
+
+
+def _hand_out(members: list[Entry], values: list[tuple[Tensor, Tensor, Tensor]], present: list[bool]) -> None:
+    """The members' histogram pieces from the values of their u's, then their p's, then their grads'
+    (:func:`~monitored_optim.histograms.piece_keys` order each); a grad's only where the member has a
+    grad (else none is left from a last step)."""
+    k = len(members)
     for j, kind in enumerate(("u", "param", "grad")):
-        series = histograms.KEYS[kind]
-        keys = (series, *histograms.extent_keys(series))
-        _hand_out(part, [dict(zip(keys, values[j * k + i])) for i in range(k)], present)
-
-
-def _hand_out(members: list[Entry], pieces: list[dict[str, Tensor]], present: list[bool]) -> None:
-    """Each member's histogram pieces of one series; a grad's only where the member has a grad (else
-    none is left from a last step)."""
-    for e, values, held in zip(members, pieces, present):
-        if held or histograms.KEYS["grad"] not in values:
-            e.pieces.update(values)
-        else:
-            for key in values:
-                e.pieces.pop(key, None)
+        keys = histograms.piece_keys(histograms.KEYS[kind])
+        for e, held, got in zip(members, present, values[j * k:(j + 1) * k]):
+            if held or kind != "grad":
+                e.pieces.update(zip(keys, got))
+            else:
+                for key in keys:
+                    e.pieces.pop(key, None)
 
 
 def _put(batch: stats.Batch, chunk: list[Entry], rows: Tensor, kinds: tuple[str, ...], present: list[bool],
