@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 import weakref
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Union
 
 import torch
 from torch import Tensor
@@ -170,10 +170,9 @@ class Tally:
         table, held = _keys_counted(flat, ends is not None, work)
         if ends is None:
             low, high, sums = _masked_extent(flat, work)
-            ends = torch.cat([low, high])
+            self._part(owner, series, table, held, torch.cat([low, high]), sums)
         else:
-            sums = _sums(flat, work)
-        self._part(owner, series, table, held, ends, sums)
+            self._part(owner, series, table, held, ends, _sums(flat, work))
 
     def add_zeros(self, owner: Any, series: str, x: Tensor) -> None:
         """Count the change of a part ``x`` that the view says did not move: x - x, an exact zero for
@@ -207,9 +206,9 @@ class Tally:
             index = torch.tensor([local[g] for g, _ in mine], device=device)
             n = len(local)
             folded = [_folded(torch.stack([part.held for _, part in items]), table) for table, items in tables.values()]
-            rows = torch.cat([torch.cat(folded), torch.stack([part.sums for _, part in mine])], 1)
+            rows = torch.cat([torch.cat(folded), _pairs([part.sums for _, part in mine], device)], 1)
             summed = torch.zeros(n, WIDTH, dtype=torch.float64, device=device).index_add_(0, index, rows)
-            ends = torch.stack([part.ends for _, part in mine])
+            ends = _pairs([part.ends for _, part in mine], device)
             inf = torch.full((n,), math.inf, dtype=torch.float64, device=device)
             low = inf.scatter_reduce(0, index, ends[:, 0], "amin").unsqueeze(1)
             high = (-inf).scatter_reduce(0, index, ends[:, 1], "amax").unsqueeze(1)
@@ -218,19 +217,30 @@ class Tally:
                 out.append((owner, dict(zip(piece_keys(series), values))))
         return out
 
-    def _part(self, owner: Any, series: str, table: Tensor, held: Tensor, ends: Tensor, sums: Tensor) -> None:
+    def _part(self, owner: Any, series: str, table: Tensor, held: Tensor, ends: Pair, sums: Pair) -> None:
         """Keep one part's counts of its keys (of ``table``), its ends ``(min, max)`` and its sums."""
         self._owners.setdefault((id(owner), series), ((owner, series), []))[1].append(_Part(table, held, ends, sums))
 
 
+Pair = Union[Tensor, tuple[float, float]]
+"""Two float64 values: a tensor of shape ``(2,)`` on a part's device, or, read already, two floats."""
+
+
 class _Part(NamedTuple):
     """One part's tally: its keys' counts (int64, one per key of its fold ``table``), the ``(min, max)``
-    and ``(Σx, Σx²)`` of its finite elements (float64)."""
+    and ``(Σx, Σx²)`` of its finite elements."""
 
     table: Tensor
     held: Tensor
-    ends: Tensor
-    sums: Tensor
+    ends: Pair
+    sums: Pair
+
+
+def _pairs(pairs: list[Pair], device: torch.device) -> Tensor:
+    """``pairs`` as the rows of a float64 ``(k, 2)`` tensor on ``device``."""
+    if all(isinstance(pair, tuple) for pair in pairs):
+        return torch.tensor(pairs, dtype=torch.float64, device=device)
+    return torch.stack([torch.as_tensor(pair, dtype=torch.float64, device=device) for pair in pairs])
 
 
 def extent(flat: Tensor, work: Any = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -245,7 +255,10 @@ def extent(flat: Tensor, work: Any = None) -> tuple[Tensor, Tensor, Tensor]:
         no element is finite (the identities of their reductions: no value), the sums then 0.
     """
     ends = _finite_ends(flat)
-    return (ends[0:1], ends[1:2], _sums(flat, work)) if ends is not None else _masked_extent(flat, work)
+    if ends is None:
+        return _masked_extent(flat, work)
+    low, high = (torch.tensor([end], dtype=torch.float64, device=flat.device) for end in ends)
+    return low, high, torch.tensor(_sums(flat, work), dtype=torch.float64, device=flat.device)
 
 
 def _masked_extent(flat: Tensor, work: Any) -> tuple[Tensor, Tensor, Tensor]:
@@ -261,21 +274,22 @@ def _masked_extent(flat: Tensor, work: Any) -> tuple[Tensor, Tensor, Tensor]:
     return low, high, sums
 
 
-def _finite_ends(flat: Tensor) -> Tensor | None:
-    """``(min, max)`` of a non-empty CPU tensor whose elements are all finite, float64 of shape
-    ``(2,)``; None on another device (where reading a value waits for the device), for an empty
-    tensor, or where an element is NaN or infinite (NaN reaches both ends)."""
+def _finite_ends(flat: Tensor) -> tuple[float, float] | None:
+    """``(min, max)`` of a non-empty CPU tensor whose elements are all finite; None on another device
+    (where reading a value waits for the device), for an empty tensor, or where an element is NaN or
+    infinite (NaN reaches both ends)."""
     if not flat.numel() or flat.device.type != "cpu":
         return None
-    ends = torch.stack(torch.aminmax(flat)).double()
-    low, high = ends.tolist()
-    return ends if math.isfinite(low) and math.isfinite(high) else None
+    low, high = (end.item() for end in torch.aminmax(flat))
+    return (low, high) if math.isfinite(low) and math.isfinite(high) else None
 
 
-def _sums(flat: Tensor, work: Any) -> Tensor:
-    """``(Σx, Σx²)`` of a 1-D tensor whose elements are all finite, float64 of shape ``(2,)``."""
-    parts = [torch.stack([x.sum(), torch.dot(x, x)]) for x in _wide_slices(flat, work)]
-    return parts[0] if len(parts) == 1 else torch.stack(parts).sum(0)
+def _sums(flat: Tensor, work: Any) -> tuple[float, float]:
+    """``(Σx, Σx²)`` of a 1-D CPU tensor whose elements are all finite, in float64."""
+    total = squares = 0.0
+    for x in _wide_slices(flat, work):
+        total, squares = total + x.sum().item(), squares + torch.dot(x, x).item()
+    return total, squares
 
 
 def _wide_slices(flat: Tensor, work: Any) -> Iterator[Tensor]:
@@ -436,13 +450,29 @@ def finite_keys(flat: Tensor, work: Any = None) -> Tensor:
     Returns:
         int32 (int64 for float64) tensor like ``flat``, values in ``[0, 2·top + 1]``.
     """
-    kind, mantissa, exponent = BITS[flat.dtype]
+    kind = BITS[flat.dtype][0]
+    sign, mantissa, mask = _shifts(flat.dtype, flat.device)
     bits = flat.contiguous().view(kind)
-    neg = torch.bitwise_right_shift(bits, 8 * bits.element_size() - 1, out=_room(work, "neg", bits))  # -1 if < 0
-    key = torch.add(bits, neg, out=_room(work, "key", bits))
+    key = torch.bitwise_right_shift(bits, sign, out=_room(work, "key", bits))  # -1 if < 0
+    key += bits
     key >>= mantissa  # a negative's key is now E' - top - 1 (arithmetic shift)
-    key &= (2 << exponent) - 1
+    key &= mask
     return key if kind is not torch.int16 else key.int()  # counted as int32 (_count)
+
+
+_SHIFTS: dict[tuple[torch.dtype, torch.device], tuple[Tensor, Tensor, Tensor]] = {}
+
+
+def _shifts(dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`finite_keys`' operands for ``dtype`` as 0-dim tensors of its integer dtype on ``device``
+    (a Python int is made into a tensor at each op): the shift of the sign bit to the lowest, the
+    mantissa bits and the mask of a key."""
+    if (dtype, device) not in _SHIFTS:
+        kind, mantissa, exponent = BITS[dtype]
+        sign, bits, mask = (torch.tensor(v, dtype=kind, device=device)
+                            for v in (8 * kind.itemsize - 1, mantissa, (2 << exponent) - 1))
+        _SHIFTS[dtype, device] = sign, bits, mask
+    return _SHIFTS[dtype, device]
 
 
 def _room(work: Any, name: str, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
