@@ -327,10 +327,9 @@ def segment_values(flat: Tensor, lengths: Tensor) -> list[tuple[Tensor, Tensor, 
         Per segment, in the order of :func:`piece_keys`: its counts and sums (float64 ``(WIDTH,)``),
         its min and its max (``(1,)`` each), views of one stacked tensor each.
     """
-    table = fold(flat.dtype, flat.device)
     k = lengths.numel()
     segment = torch.arange(k, device=flat.device).repeat_interleave(lengths, output_size=flat.numel())
-    bins = table[keys(flat)] + segment * (NBINS + 1)  # folded first: NBINS + 1 per segment, not a key each
+    bins = segment * (NBINS + 1) + element_bins(flat)  # NBINS + 1 counters a segment
     counts = _count(bins, k * (NBINS + 1)).view(k, NBINS + 1)[:, :NBINS].double()
     bad = torch.isfinite(flat).logical_not_()
     wide = flat.to(torch.float64, copy=True)  # masked in place below: never the caller's float64 tensor
@@ -343,15 +342,14 @@ def segment_values(flat: Tensor, lengths: Tensor) -> list[tuple[Tensor, Tensor, 
                     high.unsqueeze(1).unbind()))
 
 
-def binned(xs: list[Tensor], table: Tensor) -> tuple[list[Tensor], Tensor]:
+def binned(xs: list[Tensor]) -> tuple[list[Tensor], Tensor]:
     """Each element's bin and each tensor's extent, in ops that ``torch.compile`` traces into one pass.
 
     The compiled routes' binning: their stored changes, grads and parameters are binned where they
     are formed, and the bins counted outside the compiled graph (:func:`counted_bins`).
 
     Args:
-        xs: real floating tensors of one dtype of :data:`BITS` and one device (any shapes).
-        table: :func:`fold` of their dtype and device (of :func:`keys`).
+        xs: real floating tensors of dtypes of :data:`BITS` (any shapes).
 
     Returns:
         ``(bins, extents)``: per tensor its elements' bins, uint8 of its number of elements
@@ -361,7 +359,7 @@ def binned(xs: list[Tensor], table: Tensor) -> tuple[list[Tensor], Tensor]:
     bins, extents = [], []
     for x in xs:
         flat = x.reshape(-1)
-        bins.append(table[keys(flat)].to(torch.uint8))
+        bins.append(element_bins(flat))
         finite = torch.isfinite(flat)
         kept = torch.where(finite, flat, 0.0).double()
         extents.append(torch.stack([torch.where(finite, flat, math.inf).amin().double(),
@@ -484,25 +482,44 @@ def _room(work: Any, name: str, like: Tensor, dtype: torch.dtype | None = None) 
 
 def fold(dtype: torch.dtype, device: torch.device, finite: bool = False) -> Tensor:
     """Key -> bin, int64 on ``device``: of :func:`keys`, or with ``finite`` of :func:`finite_keys`
-    (:data:`NBINS` for a key not binned: inf, NaN)."""
+    (:data:`NBINS` for a key not binned: inf, NaN), by :func:`element_bins`' rule (:func:`_steps`)."""
     table = _FOLDS.get((dtype, device, finite))
     if table is None:
         top = (1 << BITS[dtype][2]) - 1
-        bias = top >> 1
-        up = [NBINS if e == top else ZERO if e == 0 else _bin(e - bias, 1) for e in range(top + 1)]
-        down = [NBINS if e == top else ZERO if e <= 0 else _bin(e - bias, -1) for e in range(-1, top + 1)]
+        e = torch.arange(-1, top + 1)  # E' of a negative from -1 (-0.0), E of a positive from 0
+        up, down = ZERO + _steps(e[1:], top >> 1), ZERO - _steps(e, top >> 1)
+        up[top] = down[top + 1] = NBINS
         if finite:  # top: -0.0; a negative's E' from 0
             up[top], down = ZERO, down[1:]
-        table = _FOLDS[dtype, device, finite] = torch.tensor(up + down, dtype=torch.int64, device=device)
+        table = _FOLDS[dtype, device, finite] = torch.cat([up, down]).to(device)
     return table
 
 
-def _bin(k: int, sign: int) -> int:
-    """The bin of the magnitudes ``[2**k, 2**(k+1))`` on the side ``sign`` (a negative one's
-    ``(2**k, 2**(k+1)]``)."""
-    if k < LOW:
-        return ZERO
-    return ZERO + sign * (1 + min(k, HIGH) - LOW)
+def element_bins(flat: Tensor) -> Tensor:
+    """Each element's bin, from its bits in elementwise integer ops (no lookup, which a compiled loop
+    cannot vectorise): its sign and the exponent ``E`` of ``|x|``, of ``|x|`` less one unit in the last
+    place for a negative one (so that ``-2**k`` is the lower end of its bin).
+
+    Args:
+        flat: 1-D tensor of a dtype of :data:`BITS`.
+
+    Returns:
+        uint8 tensor like ``flat``: the bins, :data:`NBINS` for a non-finite element.
+    """
+    kind, mantissa, exponent = BITS[flat.dtype]
+    top = (1 << exponent) - 1
+    bits = flat.contiguous().view(kind)
+    negative = bits < 0
+    magnitude = bits & ~torch.iinfo(kind).min
+    steps = _steps((magnitude - negative.to(kind)) >> mantissa, top >> 1)  # -0.0: E' = -1
+    side = torch.where(negative, ZERO - steps, ZERO + steps)
+    return torch.where(magnitude >= top << mantissa, NBINS, side).to(torch.uint8)
+
+
+def _steps(e: Tensor, bias: int) -> Tensor:
+    """How many bins from :data:`ZERO` the magnitudes ``[2**k, 2**(k+1))`` lie, k = e - bias (e a
+    biased exponent, any integer tensor): 0 below ``2**LOW``, one per power of two up to ``2**HIGH``."""
+    return (e - (bias + LOW - 1)).clamp(0, HIGH - LOW + 1)
 
 
 def of(names: list[str], pieces: list[dict[str, list[float]]]) -> dict[str, Histogram]:

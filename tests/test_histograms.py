@@ -184,6 +184,27 @@ def test_the_finite_path_counts_as_the_general_one(dtype):
             assert H.counts(x.to(dtype)).tolist() == truth(x.to(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_each_element_s_bin_from_its_bits_is_its_key_s_fold_and_numpy_s(dtype):
+    """element_bins (the compiled routes' and flat chunks' binning) gives every element the bin its key
+    folds to (the eager tally's), and counted they are numpy's: edges and their neighbours, both
+    zeros, subnormals, the dtype's largest values, infinities and NaN (NBINS, not binned)."""
+    info = torch.finfo(dtype)
+    edges = torch.tensor(H.EDGES, dtype=torch.float64)
+    g = torch.Generator().manual_seed(2)
+    spread = (torch.randn(20_000, generator=g, dtype=torch.float64)
+              * 10.0 ** torch.randint(-16, 9, (20_000,), generator=g)).clamp(-info.max, info.max)
+    special = torch.tensor([0.0, -0.0, info.tiny, -info.tiny, info.tiny / 2, -info.tiny / 2, info.max, -info.max,
+                            math.inf, -math.inf, math.nan], dtype=torch.float64)
+    x = torch.cat([edges, -edges, edges * (1 + 1e-6), edges * (1 - 1e-6), spread, special]).to(dtype)
+    bins = H.element_bins(x)
+    assert bins.dtype is torch.uint8
+    assert torch.equal(bins.long(), H.fold(dtype, x.device)[H.keys(x)])
+    assert (bins[-3:] == H.NBINS).all()
+    with np.errstate(over="ignore"):  # the truth's sum of squares of float64's max: only its counts are read
+        assert torch.bincount(bins.long(), minlength=H.NBINS + 1)[:H.NBINS].tolist() == truth(x)
+
+
 def test_a_closure_step_bins_the_grads_its_closure_makes():
     """``opt.step(closure)``: the grads the step uses are those the closure makes inside it (stale
     zeros before), and those are binned."""

@@ -180,8 +180,7 @@ def prior(xs: list[Tensor]) -> Tensor:
 
 
 def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factors: Tensor, s: Tensor | None,
-             extremes: Tensor, after: list[Tensor], grads: list[Tensor],
-             tables: tuple[Tensor, Tensor] | None = None
+             extremes: Tensor, after: list[Tensor], grads: list[Tensor], binned: bool = False
              ) -> tuple[Tensor, Bins | None]:
     """Rows of the grad and u of parameters whose update is rebuilt from state.
 
@@ -192,12 +191,11 @@ def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factor
         s: the decoupled-decay factor 1 - lr·λ (a 0-dim tensor: p ← s·p before the add), or None.
         extremes: the bounds of the parameters before the step (:func:`prior`), float64 ``(k, 2)``.
         after: the k parameters after the step (float32/float64, each with its grad in ``grads``).
-        tables: where u, p and the grads are binned, the :func:`~monitored_optim.histograms.fold` of
-            their dtype and device, twice (:func:`bins_of`); None: not binned.
+        binned: whether u, p and the grads are binned (:func:`bins_of`).
 
     Returns:
         ``(rows, bins)``: float64 ``(2, k, 3)``, :func:`shifted_rows` of the grad and of u (those of
-        p_before come from :func:`prior`), and :func:`bins_of` them (None where ``tables`` is).
+        p_before come from :func:`prior`), and :func:`bins_of` them (None unless ``binned``).
     """
     changes = []
     for p, r, f, (lo, hi) in zip(after, rebuild(*args), factors.unbind(), extremes.unbind()):
@@ -205,7 +203,7 @@ def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factor
         b = b if s is None else b / s.to(p.dtype)
         b = torch.where(lo == hi, lo.to(p.dtype), b)  # a constant is recovered exactly
         changes.append(p - b)  # exact (Sterbenz)
-    return grad_and_change_rows(grads, changes), bins_of(changes, after, grads, tables)
+    return grad_and_change_rows(grads, changes), bins_of(changes, after, grads, binned)
 
 
 def minus_scaled(p: Tensor, r: Tensor, f: Tensor) -> Tensor:
@@ -235,31 +233,24 @@ Bins = tuple[list[Tensor], Tensor]
 """The bins and extents of tensors (:func:`~monitored_optim.histograms.binned`)."""
 
 
-def bins_of(changes: list[Tensor], after: list[Tensor], grads: list[Tensor],
-            tables: tuple[Tensor, Tensor] | None) -> Bins | None:
+def bins_of(changes: list[Tensor], after: list[Tensor], grads: list[Tensor], binned: bool) -> Bins | None:
     """:func:`~monitored_optim.histograms.binned` of the k stored changes u, the k parameters after the
-    step and their k grads, in that order (``3k`` bins, extents ``(3k, 4)``); None where ``tables`` is.
-
-    ``tables``: the :func:`~monitored_optim.histograms.fold` of the changes' dtype and of the parameters'."""
-    if tables is None:
-        return None
-    changed, held = histograms.binned(changes, tables[0]), histograms.binned([*after, *grads], tables[1])
-    return [*changed[0], *held[0]], torch.cat([changed[1], held[1]])
+    step and their k grads, in that order (``3k`` bins, extents ``(3k, 4)``); None unless ``binned``."""
+    return histograms.binned([*changes, *after, *grads]) if binned else None
 
 
 def snapshotted(before: list[Tensor], after: list[Tensor], grads: list[Tensor],
-                tables: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Bins | None]:
+                binned: bool = False) -> tuple[Tensor, Tensor, Bins | None]:
     """Rows of p_before, grad and u of parameters with an exact snapshot, their power-of-two sums,
-    and where ``tables`` are given (float64's fold and the parameters') their :func:`bins_of`, u
-    formed in float64 (exact also where it crosses 0).
+    and where ``binned`` their :func:`bins_of`, u formed in float64 (exact also where it crosses 0).
 
     Returns float64 ``(3, k, 3)``, :func:`~monitored_optim.capture.rules.at_powers_of_two` of each ``(k,)``,
     and the bins or None."""
     changes = [p - b for p, b in zip(after, before)]
     rows = [shifted_rows(before), shifted_rows(grads), shifted_rows(changes)]
-    exact = [p.double() - b.double() for p, b in zip(after, before)] if tables is not None else []
+    exact = [p.double() - b.double() for p, b in zip(after, before)] if binned else []
     return (torch.stack(rows), torch.cat([at_powers_of_two(b, p) for p, b in zip(after, before)]),
-            bins_of(exact, after, grads, tables))
+            bins_of(exact, after, grads, binned))
 
 
 def copied(xs: list[Tensor]) -> list[Tensor]:
@@ -415,14 +406,13 @@ class Fused:
         total = sum(e.p.numel() * e.p.element_size() for e in entries)
         most = total // BINS_SHARE // len(histograms.KEYS) if self.binned else math.inf  # elements: a byte per series
         for key, members in kinds.items():
-            tables = _tables(key[2], key[1], snapshot=key[-1]) if self.binned else None
             for span in flat_chunks([e.p.numel() for e in members], most, CHUNK):
                 part = members[span.start:span.stop]
                 after = [e.p for e in part]
                 grads, present = _grads(after)
                 if key[-1]:
                     rows, exact, bins = self.fuser(snapshotted, [e.snapshot.before for e in part], after, grads,
-                                                   tables, device=key[1])
+                                                   self.binned, device=key[1])
                     for e, value in zip(part, exact.unbind()):
                         e.pieces["exact"] = value.reshape(1)
                 else:
@@ -431,27 +421,27 @@ class Fused:
                         assert e.extremes is not None  # taken by before() for each entry the view rebuilds
                         bounds.append(e.extremes)
                     rows, bins = self._rebuilt_rows(part[0].group, after, [state.get(p, {}) for p in after], grads,
-                                                    bounds, tables)
+                                                    bounds)
                 _put(batch, part, rows, stats.KINDS if key[-1] else stats.KINDS[1:], present)
                 if bins is not None:
                     _bin_whole(part, bins, present)
 
     def _rebuilt_rows(self, group: dict[str, Any], after: list[Tensor], states: list[dict[str, Any]],
-                      grads: list[Tensor], extremes: list[Tensor], tables: tuple[Tensor, Tensor] | None
-                      ) -> tuple[Tensor, Bins | None]:
+                      grads: list[Tensor], extremes: list[Tensor]) -> tuple[Tensor, Bins | None]:
         """The grad and u rows of a chunk of parameters the view rebuilds, and their bins where
-        ``tables`` are given (:func:`inverted`).
+        histograms are on (:func:`inverted`).
 
         Through the view's fused form, or, where it has none for these states, from the view's
         eager rebuild and inversion."""
         form = self.view.fused(group, after, states)
         if form is not None:
-            return self.fuser(inverted, *form, torch.stack(extremes), after, grads, tables, device=after[0].device)
+            return self.fuser(inverted, *form, torch.stack(extremes), after, grads, self.binned,
+                              device=after[0].device)
         changes = []
         for p, result, bound in zip(after, rebuild(self.view, group, after, states, [None] * len(after)), extremes):
             u = stored_change(p, result, None, bound.to(p.dtype), meant=False)[0]
             changes.append(torch.zeros_like(p) if u is None else u)
-        return grad_and_change_rows(grads, changes), bins_of(changes, after, grads, tables)
+        return grad_and_change_rows(grads, changes), bins_of(changes, after, grads, self.binned)
 
 
 def device_chunks(entries: list[Entry]) -> Iterator[list[Entry]]:
@@ -484,13 +474,6 @@ def _bin(chunk: Flat, before: Tensor, after: Tensor, grads: Tensor, present: lis
     wide = after.double()
     laid = torch.cat([wide - before.double(), wide, grads.double()])
     _hand_out(chunk.members, histograms.segment_values(laid, chunk.lengths.repeat(len(histograms.KEYS))), present)
-
-
-def _tables(dtype: torch.dtype, device: torch.device, snapshot: bool) -> tuple[Tensor, Tensor]:
-    """The fold tables of :func:`bins_of` for parameters of ``dtype``: of their changes (float64's
-    for a snapshot, whose change is formed in float64) and of their own dtype."""
-    own = histograms.fold(dtype, device)
-    return histograms.fold(torch.float64, device) if snapshot else own, own
 
 
 def _bin_whole(part: list[Entry], bins: Bins, present: list[bool]) -> None:
