@@ -297,6 +297,33 @@ def test_the_compiled_routes_stay_taken_and_bin_as_the_eager_ones(opt_cls, kwarg
     assert records[True] == records[False]
 
 
+@pytest.mark.parametrize("floor", ["BINS_BYTES", 0])
+def test_a_compiled_call_bins_within_its_share_of_the_parameters_or_the_floor(monkeypatch, floor):
+    """With the histograms on, the whole parameters go to compiled calls whose bins (a byte per element
+    and series) take at most the larger of 1/BINS_SHARE of the whole parameters' bytes and BINS_BYTES,
+    or hold one parameter alone: Wide's four whole parameters (405 KB) take one call per route under
+    the floor, and one call each without it."""
+    from monitored_optim.capture import fused
+
+    if floor == 0:
+        monkeypatch.setattr(fused, "BINS_BYTES", 0)
+    calls = []
+    bin_whole = fused._bin_whole
+    monkeypatch.setattr(fused, "_bin_whole", lambda part, *rest: (calls.append([e.p.numel() for e in part]),
+                                                                 bin_whole(part, *rest))[1])
+    net = Wide()
+    whole = {n: p.numel() for n, p in net.named_parameters() if p.numel() > fused.SMALL}
+    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), lr=1e-3, monitor=MonitorConfig(
+        backend="none", every=1, figures="histograms", compile=True))
+    net(torch.randn(8, 16)).square().mean().backward()
+    opt.step()
+    assert sorted(n for call in calls for n in call) == sorted(whole.values())
+    most = max(4 * sum(whole.values()) // fused.BINS_SHARE, fused.BINS_BYTES)
+    assert all(len(call) == 1 or 3 * sum(call) <= most for call in calls)
+    assert len(calls) == (2 if floor else 4)
+    assert set(opt.monitor.histograms) == {f"{s}/{n}" for s in H.KEYS.values() for n, _ in net.named_parameters()}
+
+
 @pytest.mark.parametrize("opt_cls,kwargs", [
     (torch.optim.SGD, {"momentum": 0.9, "weight_decay": 1e-2}), (torch.optim.SGD, {}),
     (torch.optim.Adam, {"amsgrad": True, "weight_decay": 1e-2, "foreach": False}),

@@ -61,8 +61,12 @@ def enabled(mode: str, device: torch.device) -> bool:
 
 
 BINS_SHARE = 16
-"""Where the histograms are on, the bins of one call take at most this share of the bytes of the
-parameters taken whole (a larger parameter is alone in its call)."""
+"""Where the histograms are on, the bins of one call take at most 1/BINS_SHARE of the bytes of the
+parameters taken whole, or :data:`BINS_BYTES` where that is more (a larger parameter is alone in its call)."""
+
+BINS_BYTES = 1 << 22
+"""The bytes of bins that one call may always take (4 MiB, a few temporaries' worth): a small model's
+whole parameters are then binned in as few calls as they would be without the histograms."""
 
 SMALL = 1 << 12
 """Elements up to which a parameter is captured *flat* (eagerly, compiling or not): copied whole into one flat
@@ -391,7 +395,8 @@ class Fused:
         whole ones) those of the snapshotted and the grad and u of the rebuilt ones, into ``batch``;
         one call per chunk of up to :data:`CHUNK` parameters of one param group, device, dtype, rank
         and route, so that identical blocks share a compiled graph (and, where binned, whose bins
-        take at most 1/:data:`BINS_SHARE` of these parameters' bytes: one byte per element and series)."""
+        take at most 1/:data:`BINS_SHARE` of these parameters' bytes or :data:`BINS_BYTES`: one byte
+        per element and series)."""
         kinds: dict[tuple[Any, ...], list[Entry]] = {}
         for e in entries:
             key = (id(e.group), e.p.device, e.p.dtype, e.p.dim(), isinstance(e.snapshot, Cloned))
@@ -404,7 +409,8 @@ class Fused:
             if self.binned:
                 _bin(chunk, before, after, grad, present)
         total = sum(e.p.numel() * e.p.element_size() for e in entries)
-        most = total // BINS_SHARE // len(histograms.KEYS) if self.binned else math.inf  # elements: a byte per series
+        room = max(total // BINS_SHARE, BINS_BYTES)  # for one call's bins: a byte per element and series
+        most = room // len(histograms.KEYS) if self.binned else math.inf
         for key, members in kinds.items():
             for span in flat_chunks([e.p.numel() for e in members], most, CHUNK):
                 part = members[span.start:span.stop]
