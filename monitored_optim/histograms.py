@@ -243,26 +243,14 @@ def _pairs(pairs: list[Pair], device: torch.device) -> Tensor:
     return torch.stack([torch.as_tensor(pair, dtype=torch.float64, device=device) for pair in pairs])
 
 
-def extent(flat: Tensor, work: Any = None) -> tuple[Tensor, Tensor, Tensor]:
-    """The min, max and ``(Σx, Σx²)`` of the finite elements of a 1-D tensor, float64 on its device.
-
-    The sums are taken in float64 one slice of :data:`~monitored_optim.stats.SLICE` elements at a
-    time (a part of a parameter is one slice), so the temporaries stay 2 MiB whatever the tensor's
-    size. A CPU tensor whose elements are all finite skips the masking of non-finite elements.
+def _masked_extent(flat: Tensor, work: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """The min, max and ``(Σx, Σx²)`` of the finite elements of a 1-D tensor (any), float64 on its
+    device, the non-finite elements masked one slice at a time (:func:`_wide_slices`).
 
     Returns:
         ``(min, max, sums)`` of shapes ``(1,)``, ``(1,)``, ``(2,)``; min is +inf and max -inf where
         no element is finite (the identities of their reductions: no value), the sums then 0.
     """
-    ends = _finite_ends(flat)
-    if ends is None:
-        return _masked_extent(flat, work)
-    low, high = (torch.tensor([end], dtype=torch.float64, device=flat.device) for end in ends)
-    return low, high, torch.tensor(_sums(flat, work), dtype=torch.float64, device=flat.device)
-
-
-def _masked_extent(flat: Tensor, work: Any) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`extent` with the non-finite elements masked, one slice at a time (any tensor)."""
     inf = torch.full((1,), math.inf, dtype=torch.float64, device=flat.device)
     low, high, sums = inf, -inf, torch.zeros(2, dtype=torch.float64, device=flat.device)
     for x in _wide_slices(flat, work):

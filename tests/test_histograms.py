@@ -509,7 +509,7 @@ def test_a_non_finite_element_leaves_the_other_elements_binned(bad, opt_cls, cop
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_the_extent_is_that_of_the_finite_elements(dtype):
-    """min, max, Σx and Σx² of the finite elements, with and without non-finite ones among them (the
+    """A tally's min, max, Σx and Σx² of a part are those of its finite elements, with and without non-finite ones among them (the
     CPU's unmasked path and the masked one), where max - min overflows, and with none finite; over
     more than one slice."""
     g = torch.Generator().manual_seed(0)
@@ -517,9 +517,17 @@ def test_the_extent_is_that_of_the_finite_elements(dtype):
     big = torch.finfo(dtype).max
     cases = [base, torch.cat([base, torch.tensor([math.nan, math.inf, -math.inf])]),
              torch.tensor([big, -big, 1.0]), torch.tensor([math.nan, math.inf])]
+    class Step:  # a logging step's batch, held weakly
+        pass
+
     for x in cases:
         x = x.to(dtype)
-        low, high, sums = H.extent(x)
+        tally, step, owner = H.Tally(), Step(), object()
+        tally.open(step)
+        tally.add(owner, "param_hist", x)
+        [(_, got)] = tally.pieces()
+        summed, low, high = (got[key] for key in H.piece_keys("param_hist"))
+        sums = summed[H.NBINS:]
         kept = x.double()[torch.isfinite(x)].numpy()
         if kept.size:
             assert (low.item(), high.item()) == (kept.min(), kept.max())
