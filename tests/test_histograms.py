@@ -509,9 +509,9 @@ def test_a_non_finite_element_leaves_the_other_elements_binned(bad, opt_cls, cop
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_the_extent_is_that_of_the_finite_elements(dtype):
-    """A tally's min, max, Σx and Σx² of a part are those of its finite elements, with and without non-finite ones among them (the
-    CPU's unmasked path and the masked one), where max - min overflows, and with none finite; over
-    more than one slice."""
+    """A tally's min, max, Σx and Σx² of a part are those of its finite elements, with and without
+    non-finite ones among them (the CPU's unmasked path and the masked one), where max - min
+    overflows, and with none finite; over more than one slice."""
     g = torch.Generator().manual_seed(0)
     base = torch.randn(H.SLICE + 1000, generator=g, dtype=torch.float64) * 1e-3
     big = torch.finfo(dtype).max
