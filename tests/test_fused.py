@@ -264,3 +264,26 @@ def test_whole_parameters_go_to_a_compiled_function_at_most_chunk_at_a_time():
     chunks = list(fused.device_chunks(entries))
     assert fused.CHUNK == 32 and [len(c) for c in chunks] == [32, 32, 6]
     assert [e for c in chunks for e in c] == entries
+
+
+@pytest.mark.parametrize("limit", [8, 200])
+def test_a_compiled_call_keeps_at_least_recompiles_graphs_and_leaves_the_users_limit(monkeypatch, tmp_path, limit):
+    """Inside each compiled call of the fused capture Dynamo may keep RECOMPILES graphs per function
+    (or the user's higher limit), and after it the user's own limit is back as it was."""
+    from monitored_optim.capture import fused
+
+    seen = []
+    compile_ = torch.compile
+
+    def watched(fn, **kwargs):
+        compiled = compile_(fn, **kwargs)
+        return lambda *args: (seen.append(torch._dynamo.config.recompile_limit), compiled(*args))[1]
+
+    monkeypatch.setattr(torch, "compile", watched)
+    model = net(1)
+    opt = Monitored(torch.optim.AdamW)(model.named_parameters(), lr=1e-3,
+                                       monitor=MonitorConfig(backend="none", compile=True, every=1, logdir=tmp_path))
+    with torch._dynamo.config.patch(recompile_limit=limit):
+        _train(model, opt, 2, check=True)
+        assert torch._dynamo.config.recompile_limit == limit
+    assert seen and set(seen) == {max(limit, fused.RECOMPILES)}
