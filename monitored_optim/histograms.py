@@ -470,7 +470,7 @@ def _room(work: Any, name: str, like: Tensor, dtype: torch.dtype | None = None) 
 
 def fold(dtype: torch.dtype, device: torch.device, finite: bool = False) -> Tensor:
     """Key -> bin, int64 on ``device``: of :func:`keys`, or with ``finite`` of :func:`finite_keys`
-    (:data:`NBINS` for a key not binned: inf, NaN), by :func:`element_bins`' rule (:func:`_steps`)."""
+    (:data:`NBINS` for a key not binned: inf, NaN), by :func:`element_bins`' rule (``_steps``)."""
     table = _FOLDS.get((dtype, device, finite))
     if table is None:
         top = (1 << BITS[dtype][2]) - 1

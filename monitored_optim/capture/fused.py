@@ -299,7 +299,7 @@ class Fuser:
                 if compiled is None:
                     compiled = self._compiled[fn.__name__] = torch.compile(fn, dynamic=True,
                                                                            options=_inductor_options())
-                config = torch._dynamo.config  # set and put back by hand: config.patch costs 0.1 ms a call
+                config = torch._dynamo.config  # set and put back by hand (config.patch is far slower)
                 limit = config.recompile_limit
                 config.recompile_limit = max(limit, RECOMPILES)
                 try:
