@@ -287,3 +287,25 @@ def test_a_compiled_call_keeps_at_least_recompiles_graphs_and_leaves_the_users_l
         _train(model, opt, 2, check=True)
         assert torch._dynamo.config.recompile_limit == limit
     assert seen and set(seen) == {max(limit, fused.RECOMPILES)}
+
+
+def test_describe_plans_the_next_logging_step_as_the_last_one_ran(tmp_path):
+    """A step with a closure takes no fused route: after it, ``describe()`` shows each parameter's route
+    as taken, with no ``(next: ...)`` that a step without one would take; before any logging step it
+    shows the plain step's plan (the flat and fused routes)."""
+    model = net(1)
+    opt = Monitored(torch.optim.AdamW)(model.named_parameters(), lr=1e-3,
+                                       monitor=MonitorConfig(backend="none", compile=True, every=1, logdir=tmp_path))
+    planned = opt.monitor.describe().split("capture:", 1)[1]
+    assert "copied flat" in planned and "fused" in planned, planned
+
+    def closure():
+        opt.zero_grad()
+        loss = model(torch.randn(8, WIDTH)).square().mean()
+        loss.backward()
+        return loss
+
+    for _ in range(2):
+        opt.step(closure)
+    routes = opt.monitor.describe().split("\nparameter ", 1)[1]  # the table's rows
+    assert "next:" not in routes and "fused" not in routes and "copied flat" not in routes, routes

@@ -63,6 +63,7 @@ class Capture:
         self.fused = Fused(view, settings.compile, self.eager.binned)
         self.budget = PART_ELEMENTS * 4
         self.plan: Plan | None = None
+        self.fused_last: bool | None = None  # whether the last logging step might fuse (None: none yet)
         self._roster: Roster | None = None
         self.spent = Spent()  # the logging step's costs and routes taken (describe() reads the last)
 
@@ -95,10 +96,11 @@ class Capture:
         return self.plan
 
     def preview(self, optimizer: Stepped, known: dict[int, str]) -> Plan:
-        """The plan of a plain logging step (no closure, no GradScaler's scale, one process), for
-        ``describe()``; not kept."""
+        """The plan of the next logging step, for ``describe()``, not kept: one that may fuse as the
+        last one might (a closure, a GradScaler's scale or sharding keeps it off the fused routes), or
+        before any, a plain one's (no closure, no scale, one process)."""
         named = names(optimizer, known)
-        fuse = self.may_fuse(False, None, None)
+        fuse = self.may_fuse(False, None, None) if self.fused_last is None else self.fused_last
         ways = tuple(self.fused.way(group) if fuse else None for group in optimizer.param_groups)
         return self.build(optimizer, [], named, self._mask(optimizer, named), ways)
 
@@ -153,6 +155,7 @@ class Capture:
                 that steps its groups one call at a time); None: all of them.
         """
         plan = self.plan_of(optimizer, known, fuse, cloned)
+        self.fused_last = fuse
         routes = self.spent.record(batch).routes
         self.eager.tally.open(batch)
         self.eager.shared = plan.shared
