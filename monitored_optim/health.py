@@ -17,6 +17,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from ._warnings import Once, warn
+from .distributed import is_writer
 
 STALE_AFTER = 3
 """Consecutive logging steps a parameter with a gradient may stay exactly unchanged (or a parameter
@@ -141,9 +142,10 @@ class Health:
 
     def _once(self, kind: str, names: list[str], message: Callable[[str], str]) -> None:
         """Warn ``message(name)`` for the first of ``names`` not yet told of ``kind``: one warning for
-        all those it is new for, naming up to five more of them."""
+        all those it is new for, naming up to five more of them; under ``torch.distributed`` on the
+        writing rank alone (every rank checks the same figures of every parameter)."""
         fresh = self._told[kind].new(names)
-        if not fresh:
+        if not fresh or not is_writer():
             return
         text, more = message(fresh[0]), fresh[1:]
         if more:

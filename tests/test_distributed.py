@@ -626,6 +626,31 @@ def test_every_family_equals_one_process_on_the_global_batch(engine, tmp_path):
         assert res["warnings"] == spectral and len(spectral) == (engine == "fsdp2"), res["warnings"]
 
 
+def _ddp_nonfinite_run(rank, world, outdir):
+    """One logging step under DDP whose head bias steps to NaN (its grad set NaN on every rank)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        net = DDP(model())
+        opt = Monitored(torch.optim.SGD)(net.named_parameters(), lr=0.1, monitor=MonitorConfig(
+            backend="none", every=1, logdir=os.path.join(outdir, "logs")))
+        loss_of(net, 1, rank, world).backward()
+        net.module.head.bias.grad.fill_(math.nan)
+        opt.step()
+    return {"writer": mdist.is_writer(), "nonfinite": opt.monitor.latest.get("health/nonfinite"),
+            "warnings": [str(w.message) for w in caught if "monitored_optim" in str(w.message)]}
+
+
+def test_a_health_warning_is_told_by_the_writing_rank_alone(tmp_path):
+    """Under DDP every rank counts the non-finite parameter (``health/nonfinite``), and the one
+    warning about it comes from rank 0 alone, not once per rank."""
+    results = launch(_ddp_nonfinite_run, 2, tmp_path)
+    assert [res["writer"] for res in results] == [True, False]
+    for res in results:
+        assert res["nonfinite"] == 1
+        told = [w for w in res["warnings"] if "NaN or Inf" in w]
+        assert len(told) == res["writer"] and res["warnings"] == told, res["warnings"]
+
+
 # ----- histograms --------------------------------------------------------------------------------
 
 def _full(t):
