@@ -48,3 +48,10 @@ def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     prefix), else ``model``."""
     inner = getattr(model, "_orig_mod", None)
     return inner if isinstance(inner, torch.nn.Module) else model
+
+
+def unwrapped_name(name: str) -> str:
+    """A parameter's name as the model itself gives it: without the ``_orig_mod`` components that the
+    wrappers of ``torch.compile`` put in their modules' names (``body._orig_mod.0.weight`` ->
+    ``body.0.weight``)."""
+    return ".".join(part for part in name.split(".") if part != "_orig_mod") if "_orig_mod" in name else name

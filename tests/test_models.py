@@ -55,3 +55,24 @@ def test_a_compiled_model_names_its_parameters_as_the_model_does():
     assert set(norms) == set(before)
     for name, p in net.named_parameters():
         assert norms[name] == pytest.approx((p.detach().double() - before[name].double()).norm().item(), rel=1e-6)
+
+
+def test_the_names_of_a_compiled_model_s_named_parameters_lose_the_wrapper_s_prefix():
+    """``Monitored(cls)(torch.compile(net).named_parameters())`` (no ``model=``), the wrapper nested
+    inside a module too: the figures carry ``net``'s names; a module whose own name merely ends in
+    ``_orig_mod`` keeps it."""
+    import torch
+
+    from monitored_optim import Monitored, MonitorConfig
+
+    torch.manual_seed(0)
+    inner = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8))
+    net = nn.ModuleDict({"body": torch.compile(inner), "x_orig_mod": nn.Linear(8, 2)})
+    named = list(net.named_parameters())
+    assert {n for n, _ in named} >= {"body._orig_mod.0.weight", "x_orig_mod.weight"}
+    opt = Monitored(torch.optim.AdamW)(named, lr=1e-2, monitor=MonitorConfig(backend="none", every=1))
+    net["x_orig_mod"](inner(torch.randn(3, 4))).square().mean().backward()
+    opt.step()
+    norms = {tag.split("/", 1)[1] for tag in opt.monitor.latest if tag.startswith("update_norm/")}
+    assert norms == {n.replace("._orig_mod", "") for n, _ in named}
+    assert "body.0.weight" in norms and "x_orig_mod.weight" in norms

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from .. import stats
 from .._warnings import Once, warn
+from ..models import unwrapped_name
 from ..updates import Cloned
 from .rules import LOW_PRECISION, eps as machine_eps
 from .change import Part
@@ -118,8 +119,9 @@ class Flat:
 
 
 def names(optimizer: Stepped, known: dict[int, str] | None = None) -> list[list[str]]:
-    """Each group's ``param_names``, else each parameter's name in ``known`` (id -> name from a
-    watched model), else ``param{k}`` numbered across groups.
+    """Each group's ``param_names`` (less the ``_orig_mod`` that a ``torch.compile`` wrapper puts in
+    its module's names: the names the model itself gives), else each parameter's name in ``known``
+    (id -> name from a watched model), else ``param{k}`` numbered across groups.
 
     A group whose ``param_names`` are not as many as its parameters (an engine replaced them with
     flat buffers of its own, which are none of the named parameters) is named as if it had none.
@@ -135,8 +137,8 @@ def names(optimizer: Stepped, known: dict[int, str] | None = None) -> list[list[
         given = group.get("param_names")
         if given and len(given) != len(group["params"]):  # an engine put buffers of its own in the group
             given = None
-        own = list(given) if given else [known[id(p)] if id(p) in known else f"param{k + j}"
-                                         for j, p in enumerate(group["params"])]
+        own = [unwrapped_name(name) for name in given] if given else [
+            known[id(p)] if id(p) in known else f"param{k + j}" for j, p in enumerate(group["params"])]
         if not seen.isdisjoint(own) or len(set(own)) < len(own):
             own = _unique(own, seen, i)
         seen.update(own)
