@@ -60,7 +60,9 @@ class MonitorConfig:
             your own sinks: objects with ``log(metrics, step)`` (and optionally ``close()``), or
             callables ``fn(metrics, step)`` (an alert, an early-stopping rule, a custom tracker).
             A sink gets every figure of a logging step (a ``dict[str, float]``) and the step, and
-            is guarded like the built-in backends. Environment: ``MONITORED_OPTIM_BACKEND`` (names).
+            is guarded like the built-in backends; a built-in backend's object
+            (``MlflowBackend(run_id=..., client=...)``: a given MLflow run) is that backend. Environment:
+            ``MONITORED_OPTIM_BACKEND`` (names).
         logdir: directory for TensorBoard event files and ``metrics.jsonl``. Default, as
             TensorBoard's ``SummaryWriter``: ``runs/<Mon><DD>_<HH-MM-SS>_<hostname>`` under the
             working directory. Environment: ``MONITORED_OPTIM_LOGDIR``.

@@ -6,6 +6,8 @@ It monitors every optimizer ``configure_optimizers`` returned (an optimizer, lis
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning.pytorch as pl
 
 from .attach import attach_at
@@ -24,7 +26,7 @@ class MonitorCallback(pl.Callback):
 
     With no ``config``, the figures go where the Trainer's logger writes: ``TensorBoardLogger``'s
     ``log_dir`` (TensorBoard), ``CSVLogger``'s (``metrics.jsonl`` beside its ``metrics.csv``),
-    ``WandbLogger``'s run; no such logger: the ``MONITORED_OPTIM_*`` environment, else the
+    ``WandbLogger``'s run, ``MLFlowLogger``'s run; no such logger: the ``MONITORED_OPTIM_*`` environment, else the
     defaults. They log every ``log_every_n_steps`` optimizer steps (unless ``MONITORED_OPTIM_EVERY``
     is set). The x axis is the optimizer step, the Trainer's ``global_step`` with one optimizer.
     Several optimizers are kept apart by a tag prefix each: the class name, then ``-1``, ``-2``, ...
@@ -50,11 +52,12 @@ class MonitorCallback(pl.Callback):
             attach_at(opt, config, steps, pl_module)
 
 
-def destination(trainer: pl.Trainer) -> tuple[list[str], str | None]:
-    """The backends and log directory of the Trainer's loggers that the monitor can write beside."""
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
+def destination(trainer: pl.Trainer) -> tuple[list[Any], str | None]:
+    """The backends (names, or an ``MlflowBackend`` of an ``MLFlowLogger``'s run) and log directory of
+    the Trainer's loggers that the monitor can write beside."""
+    from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
 
-    backends: list[str] = []
+    backends: list[Any] = []
     logdir: str | None = None
     for logger in trainer.loggers:
         if isinstance(logger, TensorBoardLogger):
@@ -66,4 +69,8 @@ def destination(trainer: pl.Trainer) -> tuple[list[str], str | None]:
         elif isinstance(logger, WandbLogger):
             logger.experiment  # noqa: B018 (opens the logger's run, which the monitor's W&B backend reuses)
             backends.append("wandb")
+        elif isinstance(logger, MLFlowLogger):
+            from .backends.mlflow import MlflowBackend
+
+            backends.append(MlflowBackend(run_id=logger.run_id, client=logger.experiment))
     return backends, logdir

@@ -17,7 +17,7 @@ import torch
 from .config import ENV_EVERY, MonitorConfig
 
 
-def config_for(given: MonitorConfig | None, model: torch.nn.Module | None, backends: Sequence[str],
+def config_for(given: MonitorConfig | None, model: torch.nn.Module | None, backends: Sequence[Any],
                logdir: str | os.PathLike[str] | None, every: Any, prefix: str | None = None) -> MonitorConfig:
     """The configuration a callback attaches with.
 
@@ -26,7 +26,8 @@ def config_for(given: MonitorConfig | None, model: torch.nn.Module | None, backe
             leaves unset (``backend``, ``logdir``, ``every``, ``model``), and ``prefix`` is joined
             after its own with ``.``.
         model: the trainer's model, which names the parameters.
-        backends: the backends the trainer logs to (none: the environment's, else the default).
+        backends: the backends the trainer logs to, names or backend objects (none: the environment's,
+            else the default).
         logdir: the trainer's log directory (None: the environment's, else the default).
         every: the trainer's logging period in optimizer steps; used where it is an int >= 1 and
             ``MONITORED_OPTIM_EVERY`` is not set.
@@ -34,7 +35,7 @@ def config_for(given: MonitorConfig | None, model: torch.nn.Module | None, backe
     """
     given = given if given is not None else MonitorConfig()
     period = every if isinstance(every, int) and every >= 1 and ENV_EVERY not in os.environ else None
-    own: dict[str, Any] = {"backend": ",".join(backends) or None, "logdir": logdir, "every": period, "model": model}
+    own: dict[str, Any] = {"backend": list(backends) or None, "logdir": logdir, "every": period, "model": model}
     unset = {field: value for field, value in own.items() if getattr(given, field) is None}
     return dataclasses.replace(given, **unset, prefix=".".join(p for p in (given.prefix, prefix) if p) or None)
 

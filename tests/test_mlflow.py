@@ -276,6 +276,39 @@ def test_lightning_mlflow_logger_shares_the_active_run(tracking, tmp_path, store
     assert [p.step for p in tracking.get_metric_history(run.info.run_id, "val_loss")] == [9, 19]
 
 
+def test_lightning_callback_logs_into_the_mlflow_loggers_own_run(tracking, tmp_path, store, request, monkeypatch):
+    """``MonitorCallback()`` beside an ``MLFlowLogger`` (no MLflow run active) and a ``CSVLogger``: the
+    figures go into the logger's own run, step for step as the CSV logger's ``metrics.jsonl``, beside
+    Lightning's rows; no other run is started, the logger's run is left to the logger, and the
+    histograms are said once to have no place there."""
+    from lightning.pytorch.loggers import CSVLogger, MLFlowLogger
+
+    from monitored_optim.lightning import MonitorCallback
+    from test_integrations import LitModel, regression
+
+    monkeypatch.delenv("MONITORED_OPTIM_EVERY", raising=False)  # log_every_n_steps sets the period
+    logger = MLFlowLogger(experiment_name=request.node.name, tracking_uri=store)
+    csv = CSVLogger(str(tmp_path / "csv"), name="lit")
+    trainer = lightning.Trainer(max_steps=12, logger=[logger, csv], accelerator="cpu", devices=1,
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                                log_every_n_steps=4, callbacks=[MonitorCallback(MonitorConfig(
+                                    figures="default,histograms"))])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer.fit(LitModel(False, tmp_path), regression(80, 0))
+    assert mlflow.active_run() is None
+    (run,) = runs(tracking, request.node.name)
+    assert run.info.run_id == logger.run_id
+    expected = as_keys(read_jsonl(Path(csv.log_dir)))
+    expected = {step: {k: v for k, v in row.items() if k.startswith(("update_to_data", "grad_norm"))}
+                for step, row in expected.items() if any(k.startswith("update_to_data") for k in row)}
+    assert sorted(expected) == [4, 8, 12]
+    assert history(tracking, run.info.run_id, expected[12]) == expected
+    assert tracking.get_metric_history(run.info.run_id, "train_loss")
+    told = [str(w.message) for w in seen if "mlflow backend shows no histograms" in str(w.message)]
+    assert len(told) == 1, told
+
+
 def test_histograms_are_said_once_to_have_no_place_in_mlflow(tracking, tmp_path, request):
     """``figures="default,histograms"``: MLflow has no histogram type, so one warning names it and
     the histograms are left out there; the scalar figures are logged at every step as usual."""

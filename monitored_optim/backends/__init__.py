@@ -139,12 +139,15 @@ class Fanout:
         logdir: directory for file-based backends.
         strict: raise instead of warning and dropping.
         sinks: the user's own sinks (objects with ``log(metrics, step)``, or callables
-            ``fn(metrics, step)``), which get every figure, as ``metrics.jsonl`` does.
+            ``fn(metrics, step)``), which get every figure, as ``metrics.jsonl`` does; a backend
+            object whose class has a ``NAME`` of :data:`GROUPED` (an ``MlflowBackend`` of a given
+            run) is that backend, already made.
     """
 
     def __init__(self, names: tuple[str, ...], logdir: Path, strict: bool, sinks: tuple[Any, ...] = ()) -> None:
         self.names, self.logdir, self.strict = names, logdir, strict
-        self.sinks = {_sink_name(sink, i): sink for i, sink in enumerate(sinks)}
+        self.made = {sink.NAME: sink for sink in sinks if getattr(type(sink), "NAME", None) in GROUPED}
+        self.sinks = {_sink_name(sink, i): sink for i, sink in enumerate(sinks) if sink not in self.made.values()}
         self._open: dict[str, Backend] | None = None
         self._release: weakref.finalize | None = None
         self._told = Once()
@@ -187,6 +190,7 @@ class Fanout:
                 lock.claim(self.logdir)
                 self._release = weakref.finalize(self, lock.release, self.logdir)
             self._open = {name: backend for name, backend in opened.items() if backend is not _FAILED}
+            self._open.update(self.made)
             self._open.update({name: _Sink(sink) for name, sink in self.sinks.items()})
         grouped = None
         for name, backend in list(self._open.items()):

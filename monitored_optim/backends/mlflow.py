@@ -47,7 +47,9 @@ class MlflowBackend:
     and left open at ``close``; otherwise ``mlflow.start_run()`` starts one configured by MLflow's
     own variables (``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``, ``MLFLOW_RUN_ID``, ...),
     which becomes the active run, and ``close`` ends it (at interpreter exit without ``close``,
-    MLflow's own exit hook ends it).
+    MLflow's own exit hook ends it). Given a ``run_id`` and its run's client (Lightning's
+    ``MLFlowLogger``'s, which :class:`~monitored_optim.lightning.MonitorCallback` passes), it logs
+    there without touching the active run, and leaves that run to its owner.
 
     Example: ``MlflowBackend().log({"global/grad_norm": 0.5}, step=10)``.
 
@@ -56,12 +58,20 @@ class MlflowBackend:
     """
 
     NO_HISTOGRAMS = "MLflow has no histogram type: its metrics are single numbers"
+    NAME = "mlflow"
+    """The backend name this object stands for where it is given in ``MonitorConfig.backend``."""
 
-    def __init__(self) -> None:
-        active = mlflow.active_run()
-        self._owned = active is None
-        self._run_id: str | None = (mlflow.start_run() if active is None else active).info.run_id
-        self._client = MlflowClient()
+    def __init__(self, run_id: str | None = None, client: MlflowClient | None = None) -> None:
+        """``run_id``: the run to log into through ``client`` (default: an ``MlflowClient()``); None:
+        the active run, or one of its own."""
+        self._run_id: str | None = run_id
+        if run_id is not None:
+            self._owned = False
+        else:
+            active = mlflow.active_run()
+            self._owned = active is None
+            self._run_id = (mlflow.start_run() if active is None else active).info.run_id
+        self._client = client if client is not None else MlflowClient()
         self._key = Keys(metric_key, MAX_KEY)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
