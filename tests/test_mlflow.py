@@ -103,6 +103,26 @@ def test_active_run_is_reused_and_left_open(tracking, tmp_path, request):
     assert tracking.get_run(mine.info.run_id).data.metrics["loss"] == 1.5
 
 
+@pytest.mark.parametrize("named", [False, True], ids=["object", "object-and-name"])
+def test_a_given_run_is_logged_into_and_left_to_its_owner(tracking, tmp_path, request, named):
+    """``MlflowBackend(run_id=..., client=...)`` in ``MonitorConfig.backend`` (beside the name
+    ``"mlflow"`` too) is the mlflow backend of that run: every step goes there, no other run is
+    started, no run becomes active, and the run is still running after ``close``."""
+    from monitored_optim.backends.mlflow import MlflowBackend
+
+    experiment = tracking.create_experiment(request.node.name)
+    given = tracking.create_run(experiment)
+    backend = MlflowBackend(run_id=given.info.run_id, client=tracking)
+    opt = train(models.mlp(), 3, backend=["mlflow", backend, "jsonl"] if named else [backend, "jsonl"],
+                logdir=tmp_path / "run")
+    opt.monitor.close()
+    assert mlflow.active_run() is None
+    assert [r.info.run_id for r in runs(tracking, request.node.name)] == [given.info.run_id]
+    assert tracking.get_run(given.info.run_id).info.status == "RUNNING"
+    expected = as_keys(read_jsonl(tmp_path / "run"))
+    assert history(tracking, given.info.run_id, expected[3]) == expected
+
+
 class Awkward(nn.Module):
     """Parameters whose tags MLflow refuses as they are: over 250 characters, a name that repeats
     across param groups (``@group1``), and layers grouped by depth over the tag budget (``*``)."""

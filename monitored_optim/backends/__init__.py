@@ -145,8 +145,9 @@ class Fanout:
     """
 
     def __init__(self, names: tuple[str, ...], logdir: Path, strict: bool, sinks: tuple[Any, ...] = ()) -> None:
-        self.names, self.logdir, self.strict = names, logdir, strict
         self.made = {sink.NAME: sink for sink in sinks if getattr(type(sink), "NAME", None) in GROUPED}
+        self.names = tuple(name for name in names if name not in self.made)  # the one given is that backend
+        self.logdir, self.strict = logdir, strict
         self.sinks = {_sink_name(sink, i): sink for i, sink in enumerate(sinks) if sink not in self.made.values()}
         self._open: dict[str, Backend] | None = None
         self._release: weakref.finalize | None = None
