@@ -56,6 +56,12 @@ class Delivery:
         check_shared(settings, [other.settings for other in list(_LIVE)])
         _LIVE.add(self)
 
+    def writes(self) -> bool:
+        """Whether this process writes the figures (decided once: see the class docstring)."""
+        if self._writes is None:  # built before torch.distributed was set up, if it ever is
+            self._writes = distributed.is_writer()
+        return self._writes
+
     def send(self, step: int, figures: dict[str, float], roster: Any,
              hists: dict[str, Histogram] | None = None) -> None:
         """Make ``figures`` (tags without the prefix) the ``latest`` of ``step`` and record them; on the
@@ -70,9 +76,7 @@ class Delivery:
         self.history.record(step, self.latest)
         self.shapes.update((prefix + name, tuple(shape)) for name, shape in zip(roster.names, roster.shapes))
         _LIVE.add(self)  # again, after a close()
-        if self._writes is None:  # built before torch.distributed was set up, if it ever is
-            self._writes = distributed.is_writer()
-        if not self._writes:  # under torch.distributed only rank 0 opens and writes backends
+        if not self.writes():  # under torch.distributed only rank 0 opens and writes backends
             return
         if tuple(roster.names) != self._described and {"tensorboard", "jsonl"} & set(self.settings.backends):
             self._described = tuple(roster.names)

@@ -17,7 +17,6 @@ from typing import Callable, NamedTuple
 import torch
 
 from ._warnings import Once, warn
-from .distributed import is_writer
 
 STALE_AFTER = 3
 """Consecutive logging steps a parameter with a gradient may stay exactly unchanged (or a parameter
@@ -54,12 +53,17 @@ class Checks(NamedTuple):
 class Health:
     """Counts per logging step, cumulative skipped steps, and warnings that name each parameter once.
 
+    Args:
+        tells: whether this process warns (the monitor's ``Delivery.writes``: the process that writes
+            the figures); default: always.
+
     Attributes:
         skipped_steps: optimizer steps skipped by AMP loss scaling so far (int).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tells: Callable[[], bool] = lambda: True) -> None:
         self.skipped_steps = 0
+        self._tells = tells  # whether this process warns: the one that writes the figures
         self._unchanged_streak: dict[str, int] = {}
         self._no_grad_streak: dict[str, int] = {}
         self._told: dict[str, Once] = collections.defaultdict(Once)  # kind -> the names told of
@@ -142,10 +146,10 @@ class Health:
 
     def _once(self, kind: str, names: list[str], message: Callable[[str], str]) -> None:
         """Warn ``message(name)`` for the first of ``names`` not yet told of ``kind``: one warning for
-        all those it is new for, naming up to five more of them; under ``torch.distributed`` on the
-        writing rank alone (every rank checks the same figures of every parameter)."""
+        all those it is new for, naming up to five more of them; in the process that writes the
+        figures alone (under ``torch.distributed`` every rank checks the same figures)."""
         fresh = self._told[kind].new(names)
-        if not fresh or not is_writer():
+        if not fresh or not self._tells():
             return
         text, more = message(fresh[0]), fresh[1:]
         if more:

@@ -69,12 +69,12 @@ class Monitor(ReadBack):
         self._count = StepCount()
         self._told = Once()  # unnamed and unmapped parameters
         self.base_calls = 0
-        self.health = Health()
         chosen = families.build(self.settings.figures)
         self._keys = pieces.keys(chosen)  # every piece key and its reduction: the sharded table's rows
         self.capture = Capture(self.view, self.settings, chosen, self._keys.heads)
-        self._figures = Figures(self.settings, chosen, self.health, self.capture.held)  # no cycle through self
         self._delivery = Delivery(self.settings)
+        self.health = Health(self._delivery.writes)  # warns where the figures are written
+        self._figures = Figures(self.settings, chosen, self.health, self.capture.held)  # no cycle through self
         self._optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None
         self._ranks = distributed.Ranks()  # the names every rank monitors, once exchanged
         self._search = engine.Search()  # the layout: one optimizer alone, until DeepSpeed's wrapper is found
