@@ -214,6 +214,13 @@ def stored_change(p: Tensor, intended: Tensor | Scaled | Stores | None, before: 
     return u, (_total([d for d, _ in adds]) if meant and _is_one(s) else None)
 
 
+def exact_change(p: Tensor, before: Tensor) -> Tensor:
+    """p - p_before in float64 (complex128 for a complex p): the change a histogram counts where
+    p_before is held, exact for float32 and narrower values, also where it crosses 0."""
+    wide = torch.complex128 if p.is_complex() else torch.float64
+    return p.detach().to(wide) - before.to(wide)
+
+
 def _total(adds: list[Tensor]) -> Tensor:
     return adds[0] if len(adds) == 1 else torch.stack(adds).sum(0)
 

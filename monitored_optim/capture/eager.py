@@ -21,7 +21,7 @@ from ..updates.clone import fetched
 from .plan import Entry
 from .rules import HALF_ULP, LOW_PRECISION, at_powers_of_two, at_powers_of_two_bound
 from ..workspace import Workspace
-from .change import Part, bounds, lost, stored_change, verify_miss, widened
+from .change import Part, bounds, exact_change, lost, stored_change, verify_miss, widened
 
 
 class Eager:
@@ -155,7 +155,7 @@ class Eager:
             if u is None:
                 self.tally.add_zeros(e.owner, histograms.KEYS["u"], p)
             else:  # formed in float64 where p_before is held (exact also where it crosses 0)
-                self.tally.add(e.owner, histograms.KEYS["u"], u if before is None else _exact_change(p, before),
+                self.tally.add(e.owner, histograms.KEYS["u"], u if before is None else exact_change(p, before),
                                work=work)
             self.tally.add(e.owner, histograms.KEYS["param"], p, work=work)
         if u is None:  # the view says nothing moved; verify mode checks that against its clone
@@ -231,9 +231,3 @@ def record_grads(batch: stats.Batch, entries: list[Entry], grad_scale: Tensor | 
     scale = None if grad_scale is None else grad_scale.detach().double().reciprocal()  # sums are linear
     record(batch, [e for e, _, _ in with_grad], "grad", [g for _, _, g in with_grad],
            [c for _, c, _ in with_grad], scale)
-
-
-def _exact_change(p: Tensor, before: Tensor) -> Tensor:
-    """p - p_before formed in float64 (complex128), exact: the change a snapshot's histogram counts."""
-    wide = torch.complex128 if p.is_complex() else torch.float64
-    return p.detach().to(wide) - before.to(wide)

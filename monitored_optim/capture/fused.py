@@ -39,7 +39,7 @@ from .._warnings import warn
 from ..updates import CLONE, Cloned, View, rebuild
 from .plan import Entry, Flat
 from .rules import at_powers_of_two
-from .change import stored_change
+from .change import exact_change, stored_change
 
 CHUNK = 32
 """Most parameters handed to one call: larger chunks mean fewer calls but longer compiles (inductor's
@@ -146,7 +146,7 @@ def flat(before: Tensor, after: Tensor, grads: Tensor, lengths: Tensor) -> Tenso
         Float64 tensor of shape ``(3, k, 3)``; u is formed in float64 (exact also where it crosses 0).
     """
     return torch.stack([segment_rows(before, lengths), segment_rows(grads, lengths),
-                        segment_rows(after.double() - before.double(), lengths)])
+                        segment_rows(exact_change(after, before), lengths)])
 
 
 def shifted_rows(xs: Sequence[Tensor]) -> Tensor:
@@ -253,7 +253,7 @@ def snapshotted(before: list[Tensor], after: list[Tensor], grads: list[Tensor],
     and the bins or None."""
     changes = [p - b for p, b in zip(after, before)]
     rows = [shifted_rows(before), shifted_rows(grads), shifted_rows(changes)]
-    exact = [p.double() - b.double() for p, b in zip(after, before)] if binned else []
+    exact = [exact_change(p, b) for p, b in zip(after, before)] if binned else []
     return (torch.stack(rows), torch.cat([at_powers_of_two(b, p) for p, b in zip(after, before)]),
             bins_of(exact, after, grads, binned))
 
@@ -483,8 +483,7 @@ def _bin(chunk: Flat, before: Tensor, after: Tensor, grads: Tensor, present: lis
     """The histograms of a flat chunk's u, p after the step and grads (where present), each member's as
     its pieces (a flat entry is its plan's: none is left from a last step); binned at once in float64,
     where u is exact and p and the grads are as they are."""
-    wide = after.double()
-    laid = torch.cat([wide - before.double(), wide, grads.double()])
+    laid = torch.cat([exact_change(after, before), after.double(), grads.double()])
     _hand_out(chunk.members, histograms.segment_values(laid, chunk.lengths.repeat(len(histograms.KEYS))), present)
 
 
