@@ -28,7 +28,8 @@ class MonitorCallback(pl.Callback):
     ``log_dir`` (TensorBoard), ``CSVLogger``'s (``metrics.jsonl`` beside its ``metrics.csv``),
     ``WandbLogger``'s run, ``MLFlowLogger``'s run; no such logger: the ``MONITORED_OPTIM_*``
     environment, else the defaults. They log every ``log_every_n_steps`` optimizer steps (unless
-    ``MONITORED_OPTIM_EVERY`` is set). The x axis is the optimizer step, the Trainer's ``global_step`` with one optimizer.
+    ``MONITORED_OPTIM_EVERY`` is set). The x axis is the optimizer step, the Trainer's
+    ``global_step`` with one optimizer.
     Several optimizers are kept apart by a tag prefix each: the class name, then ``-1``, ``-2``, ...
     for the same class again (as ``LearningRateMonitor`` names them).
 
