@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import difflib
 import fnmatch
 import functools
 import os
@@ -19,7 +20,9 @@ from typing import Any
 
 import torch
 
+from .alerts import KINDS
 from .tags import DEFAULT_FAMILIES, FAMILIES
+
 BACKENDS = ("tensorboard", "wandb", "jsonl", "mlflow", "trackio", "swanlab", "comet")
 """Backend names accepted in ``MonitorConfig.backend`` and ``MONITORED_OPTIM_BACKEND`` (plus ``none``)."""
 
@@ -33,6 +36,10 @@ ENV_PARAMS = "MONITORED_OPTIM_PARAMS"
 ENV_FIGURES = "MONITORED_OPTIM_FIGURES"
 ENV_TAG_BUDGET = "MONITORED_OPTIM_TAG_BUDGET"
 ENV_COMPILE = "MONITORED_OPTIM_COMPILE"
+ENV_GUARD = "MONITORED_OPTIM_GUARD"
+ENV_SKIP_BUDGET = "MONITORED_OPTIM_SKIP_BUDGET"
+ENV_ALERTS = "MONITORED_OPTIM_ALERTS"
+ENV_STOP_ON = "MONITORED_OPTIM_STOP_ON"
 DEFAULT_TAG_BUDGET = 2000
 def every_parameter(name: str, p: torch.Tensor) -> bool:
     """The parameter selection of no ``params`` and no ``exclude``: every parameter (True)."""
@@ -41,6 +48,12 @@ def every_parameter(name: str, p: torch.Tensor) -> bool:
 
 DEFAULT_BACKEND = "tensorboard"
 DEFAULT_EVERY = 10
+GUARDS = ("nonfinite", "spikes")
+"""What ``MonitorConfig.guard`` may judge (:mod:`monitored_optim.guard`)."""
+
+DEFAULT_BUDGET = 5
+"""Steps the guard may skip in a row before it asks to stop (``MonitorConfig.skip_budget``)."""
+
 COUNTS = ("updates", "calls")
 """What ``MonitorConfig.count`` may count: optimizer updates (default), or ``step()`` calls
 including those an AMP GradScaler skipped."""
@@ -112,6 +125,25 @@ class MonitorConfig:
             logging step pays the compile), ``False`` keeps the eager capture, ``"auto"`` (default)
             fuses on CUDA devices only. Environment: ``MONITORED_OPTIM_COMPILE`` (``1``, ``0`` or
             ``auto``).
+        guard: skip a step whose grads are poisoned, for any optimizer (:mod:`monitored_optim.guard`):
+            ``"nonfinite"`` (a NaN or an Inf in a monitored parameter's grad), ``"spikes"`` (a grad
+            norm far above its recent steps, the ``health/spikes`` rule judged at every step), both
+            (``"nonfinite,spikes"``), or ``"none"`` (default). The base step is then not called, as
+            ``GradScaler`` does: parameters and state stay bit for bit; ``guard/skipped`` counts the
+            skipped steps, ``opt.monitor.step_was_skipped`` tells of the last one. Costs one host sync
+            per step (and under ``torch.distributed`` one small collective). Environment:
+            ``MONITORED_OPTIM_GUARD``.
+        skip_budget: steps the guard may skip in a row (int >= 1, default 5); one more is a
+            ``stalled`` event, told at ERROR level, and asks to stop (``opt.monitor.should_stop``).
+            Environment: ``MONITORED_OPTIM_SKIP_BUDGET``.
+        alerts: the events told to a person (:mod:`monitored_optim.alerts`): a comma-separated
+            string or a list from ``nonfinite``, ``spikes``, ``skipped``, ``stalled``, ``unchanged``,
+            ``no_grad``, or ``"all"``; default none. Each is one record on the logger
+            ``monitored_optim.alerts`` and, where the figures go to W&B, trackio or Comet, their
+            alert call; at most one per kind every 10 minutes. Environment: ``MONITORED_OPTIM_ALERTS``.
+        stop_on: the events after which ``opt.monitor.should_stop`` is True on every rank (same
+            names as ``alerts``); the trainers' callbacks then stop the trainer. Default none.
+            Environment: ``MONITORED_OPTIM_STOP_ON``.
 
     Raises:
         ValueError: from :func:`resolve` (at optimizer construction) for a value of the wrong
@@ -133,6 +165,10 @@ class MonitorConfig:
     figures: str | Sequence[str] | None = None
     tag_budget: int | None = None
     compile: bool | str | None = None
+    guard: str | Sequence[str] | None = None
+    skip_budget: int | None = None
+    alerts: str | Sequence[str] | None = None
+    stop_on: str | Sequence[str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +188,10 @@ class Settings:
     figures: frozenset[str] = frozenset(DEFAULT_FAMILIES)
     tag_budget: int = DEFAULT_TAG_BUDGET
     compile: str = "auto"
+    guard: frozenset[str] = frozenset()
+    skip_budget: int = DEFAULT_BUDGET
+    alerts: frozenset[str] = frozenset()
+    stop_on: frozenset[str] = frozenset()
 
 
 def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = None) -> Settings:
@@ -186,6 +226,10 @@ def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = No
     figures, figures_src = _pick(config.figures, "MonitorConfig.figures", env, ENV_FIGURES)
     budget, budget_src = _pick(config.tag_budget, "MonitorConfig.tag_budget", env, ENV_TAG_BUDGET)
     compiled, compile_src = _pick(config.compile, "MonitorConfig.compile", env, ENV_COMPILE)
+    guard, guard_src = _pick(config.guard, "MonitorConfig.guard", env, ENV_GUARD)
+    skips, skips_src = _pick(config.skip_budget, "MonitorConfig.skip_budget", env, ENV_SKIP_BUDGET)
+    alerts, alerts_src = _pick(config.alerts, "MonitorConfig.alerts", env, ENV_ALERTS)
+    stop_on, stop_src = _pick(config.stop_on, "MonitorConfig.stop_on", env, ENV_STOP_ON)
     _check_types(config)
     sinks = _sinks(backend)
     if sinks:
@@ -203,6 +247,10 @@ def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = No
         figures=frozenset(DEFAULT_FAMILIES) if figures is None else _parse_figures(figures, figures_src),
         tag_budget=DEFAULT_TAG_BUDGET if budget is None else _parse_budget(budget, budget_src),
         compile="auto" if compiled is None else _parse_compile(compiled, compile_src),
+        guard=frozenset() if guard is None else _parse_kinds(guard, guard_src, GUARDS),
+        skip_budget=DEFAULT_BUDGET if skips is None else _parse_count_at_least_one(skips, skips_src, "skip budget"),
+        alerts=frozenset() if alerts is None else _parse_kinds(alerts, alerts_src, tuple(KINDS)),
+        stop_on=frozenset() if stop_on is None else _parse_kinds(stop_on, stop_src, tuple(KINDS)),
     )
 
 
@@ -220,6 +268,10 @@ _FIELD_TYPES = {
     "figures": ((str, list, tuple), f"'all' or some of {', '.join(FAMILIES)}"),
     "tag_budget": ((int,), "an integer >= 1"),
     "compile": ((bool, str), "True, False or 'auto'"),
+    "guard": ((str, list, tuple), f"'none' or some of {', '.join(GUARDS)}, as a string (commas between) or a list"),
+    "skip_budget": ((int,), "an integer >= 1"),
+    "alerts": ((str, list, tuple), f"'none', 'all' or some of {', '.join(KINDS)}, as a string or a list"),
+    "stop_on": ((str, list, tuple), f"'none', 'all' or some of {', '.join(KINDS)}, as a string or a list"),
 }
 """The Python types each explicit ``MonitorConfig`` field takes, and how the error names them."""
 
@@ -373,13 +425,40 @@ def _parse_figures(value: str | Sequence[str], source: str) -> frozenset[str]:
 
 
 def _parse_budget(value: int | str, source: str) -> int:
+    return _parse_count_at_least_one(value, source, "tag budget")
+
+
+def _parse_count_at_least_one(value: int | str, source: str, what: str) -> int:
+    """``value`` as an int >= 1 (``what`` it is, for the error)."""
     try:
-        budget = int(str(value).strip()) if not isinstance(value, bool) else 0
+        number = int(str(value).strip()) if not isinstance(value, bool) else 0
     except ValueError:
-        budget = 0
-    if budget < 1:
-        raise ValueError(f"{source}={value!r} is not a valid tag budget: expected an integer >= 1")
-    return budget
+        number = 0
+    if number < 1:
+        raise ValueError(f"{source}={value!r} is not a valid {what}: expected an integer >= 1")
+    return number
+
+
+def _parse_kinds(value: str | Sequence[str], source: str, allowed: tuple[str, ...]) -> frozenset[str]:
+    """The kinds a comma-separated string or a list names, of ``allowed`` (``none``: no kind; ``all``:
+    every one where the allowed are event kinds).
+
+    Raises:
+        ValueError: an unknown or misspelt kind (naming the nearest), or ``none`` beside others.
+    """
+    names = [n.strip().lower() for n in (value.split(",") if isinstance(value, str) else value)]
+    names = [n for n in names if n]
+    accepted = f"'none'{', all' if allowed != GUARDS else ''} or some of {', '.join(allowed)}"
+    if names in ([], ["none"]):
+        return frozenset()
+    if names == ["all"] and allowed != GUARDS:
+        return frozenset(allowed)
+    for name in names:
+        if name not in allowed:
+            near = difflib.get_close_matches(name, allowed, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ValueError(f"{source}={value!r} is not valid ({name!r} is unknown{hint}): expected {accepted}")
+    return frozenset(names)
 
 
 def _parse_prefix(value: str | None) -> str:

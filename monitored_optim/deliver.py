@@ -90,6 +90,11 @@ class Delivery:
             grouped = functools.partial(grouping.summarize_histograms, self.histograms, prefix) if over else None
             self.backends.histograms(self.histograms, step, grouped)
 
+    def alert(self, title: str, text: str, level: int) -> None:
+        """Send an alert to the backends that can reach a person (:meth:`Fanout.alert`), on the writing rank."""
+        if self.writes():
+            self.backends.alert(title, text, level)
+
     def _grouped(self, latest: dict[str, float]) -> dict[str, float]:
         """``latest`` grouped by depth for the dashboards (a step over the tag budget); warns once if
         even that is over it."""

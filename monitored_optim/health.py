@@ -17,6 +17,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from ._warnings import Once, warn
+from .alerts import Voice
 
 STALE_AFTER = 3
 """Consecutive logging steps a parameter with a gradient may stay exactly unchanged (or a parameter
@@ -54,16 +55,17 @@ class Health:
     """Counts per logging step, cumulative skipped steps, and warnings that name each parameter once.
 
     Args:
-        tells: whether this process warns (the monitor's ``Delivery.writes``: the process that writes
-            the figures); default: always.
+        voice: the run's :class:`~monitored_optim.alerts.Voice`, which warns in the process that writes
+            the figures and hears the events ``nonfinite``, ``unchanged`` and ``no_grad``; default: one
+            that warns in this process.
 
     Attributes:
         skipped_steps: optimizer steps skipped by AMP loss scaling so far (int).
     """
 
-    def __init__(self, tells: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, voice: Voice | None = None) -> None:
         self.skipped_steps = 0
-        self._tells = tells  # whether this process warns: the one that writes the figures
+        self.voice = voice if voice is not None else Voice()
         self._unchanged_streak: dict[str, int] = {}
         self._no_grad_streak: dict[str, int] = {}
         self._told: dict[str, Once] = collections.defaultdict(Once)  # kind -> the names told of
@@ -102,6 +104,7 @@ class Health:
     def _warn_nonfinite(self, bad: dict[str, tuple[str, ...]], step: int) -> None:
         if not bad:
             return
+        self.voice.event("nonfinite", step, [f"{name} ({' and '.join(parts)})" for name, parts in bad.items()])
         order = "also" if self._told["nonfinite"] else "first"
         self._once("nonfinite", list(bad), lambda name: (
             f"monitored_optim: parameter {name!r} has NaN or Inf in its {' and '.join(bad[name])} at step {step} "
@@ -109,25 +112,26 @@ class Health:
             "overflow in low precision"))
 
     def _warn_unchanged(self, checks: Checks, step: int) -> None:
-        self._warn_streak("unchanged", checks.names, _unless_frozen(checks.unchanged, checks),
+        self._warn_streak("unchanged", step, checks.names, _unless_frozen(checks.unchanged, checks),
                           self._unchanged_streak, lambda name, n: (
             f"monitored_optim: parameter {name!r} has a gradient but has not changed for {n} logging steps "
             f"(step {step}): a zero gradient (dead ReLU), a zero learning rate, or updates lost to bf16/fp16 "
             "rounding"))
 
     def _warn_no_grad(self, checks: Checks, step: int) -> None:
-        self._warn_streak("no_grad", checks.names, _unless_frozen([not g for g in checks.has_grad], checks),
+        self._warn_streak("no_grad", step, checks.names, _unless_frozen([not g for g in checks.has_grad], checks),
                           self._no_grad_streak,
                           lambda name, n: (
             f"monitored_optim: parameter {name!r} has had no gradient for {n} logging steps (step {step}): "
             "a layer that forward never uses, or one cut off from the loss (detach, no_grad); connect it or leave "
             "it out of the optimizer"))
 
-    def _warn_streak(self, kind: str, names: list[str], now: list[bool], streaks: dict[str, int],
+    def _warn_streak(self, kind: str, step: int, names: list[str], now: list[bool], streaks: dict[str, int],
                      message: Callable[[str, int], str]) -> None:
         """Count each parameter's run of logging steps in condition ``kind`` (``now``, per name of
-        ``names``); warn about those whose run reached :data:`STALE_AFTER` (``message(first name, its
-        run)``). A name not in ``names`` keeps its run."""
+        ``names``); for those whose run reached :data:`STALE_AFTER`, tell the event ``kind`` at
+        ``step`` and warn about the new ones (``message(first name, its run)``). A name not in
+        ``names`` keeps its run."""
         flagged = list(compress(names, now))
         held = set(flagged)
         ended = [n for n in streaks if n not in held]
@@ -142,6 +146,7 @@ class Health:
             if run >= STALE_AFTER:
                 stale.append(name)
         if stale:
+            self.voice.event(kind, step, [f"{name} ({streaks[name]} logging steps)" for name in stale])
             self._once(kind, stale, lambda name: message(name, streaks[name]))
 
     def _once(self, kind: str, names: list[str], message: Callable[[str], str]) -> None:
@@ -149,7 +154,7 @@ class Health:
         all those it is new for, naming up to five more of them; in the process that writes the
         figures alone (under ``torch.distributed`` every rank checks the same figures)."""
         fresh = self._told[kind].new(names)
-        if not fresh or not self._tells():
+        if not fresh or not self.voice.tells():
             return
         text, more = message(fresh[0]), fresh[1:]
         if more:

@@ -26,13 +26,15 @@ import torch
 
 from . import amp, backends, distributed, engine, families, histograms, pieces, reduce, stats, usage
 from ._warnings import Once
+from .alerts import Voice
 from .capture import Capture, closure_is_first, closure_of, with_grads_of_closure
-from .capture.plan import Entries, born
+from .capture.plan import Entries, born, names
 from .capture.spent import stage
 from .config import MonitorConfig, Settings, resolve
 from .count import StepCount
 from .deliver import Delivery
 from .figures import Figures, group_lrs, tensor_lrs
+from .guard import Guard, ran_first
 from .health import Health
 from .models import Models, unwrapped
 from .readback import ReadBack
@@ -73,7 +75,11 @@ class Monitor(ReadBack):
         self._keys = pieces.keys(chosen)  # every piece key and its reduction: the sharded table's rows
         self.capture = Capture(self.view, self.settings, chosen, self._keys.heads)
         self._delivery = Delivery(self.settings)
-        self.health = Health(self._delivery.writes)  # warns where the figures are written
+        self.voice = Voice(self._delivery.writes, self.settings.alerts, self.settings.stop_on, self._delivery.alert)
+        families.speak(chosen, self.voice)  # warnings and events where the figures are written
+        self.health = Health(self.voice)
+        self.guard = Guard(self.settings.guard, self.settings.skip_budget, self.voice) if self.settings.guard else None
+        self._guarded: tuple[tuple[int, ...], list[tuple[str, torch.Tensor]]] = ((), [])  # the params it judges
         self._figures = Figures(self.settings, chosen, self.health, self.capture.held)  # no cycle through self
         self._optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None
         self._ranks = distributed.Ranks()  # the names every rank monitors, once exchanged
@@ -101,6 +107,17 @@ class Monitor(ReadBack):
         """
         self._count.resume_at(step)
 
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the guard (``MonitorConfig.guard``) skipped the last ``step()`` (False without it)."""
+        return self.guard is not None and self.guard.last_skipped
+
+    @property
+    def should_stop(self) -> bool:
+        """Whether an event asked to stop (``MonitorConfig.stop_on``, or the guard past its
+        ``skip_budget``): True on every rank from the same step on."""
+        return self.voice.should_stop
+
     def skipped(self) -> None:
         """Count a step that an AMP GradScaler skipped (``health/skipped_steps``, and the step itself
         when ``count="calls"``)."""
@@ -127,6 +144,8 @@ class Monitor(ReadBack):
         self._search.born = {id(p): n for n, p in every}
         self.capture.risk.mark_when_built(chosen)
         if wrapper is not None:
+            if self.guard is not None:
+                raise ValueError(NO_GUARD_UNDER_DEEPSPEED)
             self._search.layout = engine.EngineSteps(self, optimizer, wrapper, inside=False)
         if watched is not None:
             self.watch(watched)
@@ -168,15 +187,36 @@ class Monitor(ReadBack):
             self._usage.stepped = usage.ANY.stepped = True
         layout = self._search.layout_of(self, optimizer)
         if isinstance(layout, engine.EngineSteps):
+            if self.guard is not None:
+                raise ValueError(NO_GUARD_UNDER_DEEPSPEED)
             return layout.call(optimizer, step_fn, args, kwargs)
         self.base_calls += 1
         if amp.skips(optimizer):  # a fused optimizer under GradScaler
             self.skipped()
             return step_fn(optimizer, *args, **kwargs)
+        if self.guard is not None:
+            args, kwargs, loss = ran_first(args, kwargs, self._closure_first)
+            if self._guard_skips(optimizer):
+                return loss
         pending = self.begin(optimizer)
         out, _ = self.part(optimizer, pending, step_fn, args, kwargs)
         self.end(optimizer, pending)
         return out
+
+    def _guard_skips(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether the guard skips this step (counted as a step under ``count="calls"``)."""
+        assert self.guard is not None  # run() asks only with the guard on
+        key = tuple(id(p) for group in optimizer.param_groups for p in group["params"])
+        if key != self._guarded[0]:  # param groups changed: name and choose again
+            every = [(n, p) for group, own in zip(optimizer.param_groups, names(optimizer, self._models.names))
+                     for n, p in zip(own, group["params"])]
+            self._guarded = key, [(n, p) for n, p in every if self.settings.select(n, p)]
+        named = [(n, p.grad) for n, p in self._guarded[1] if p.grad is not None]
+        if not self.guard.skips(named, getattr(optimizer, "grad_scale", None), self.step + 1):
+            return False
+        if self.settings.count == "calls":
+            self._count.step += 1
+        return True
 
     def begin(self, optimizer: torch.optim.Optimizer, layout: Any = None) -> Pending | None:
         """Begin a step: on a logging step, its sharding (None outside torch.distributed; ``layout``:
@@ -250,6 +290,8 @@ class Monitor(ReadBack):
         figures = self._figures.compute(self.step, everyone, hosted, source, lrs, groups, local)
         self.capture.remember(roster, hosted if everyone is roster else hosted.head(len(roster.names)))
         figures.update(self.capture.spent.figures(self.settings.figures, None if reduced is None else reduced.cost))
+        if self.guard is not None:
+            figures["guard/skipped"] = float(self.guard.skipped)
         self._count.logged = self.step
         self._delivery.send(self.step, figures, everyone, histograms.of(everyone.names, hosted.pieces))
         for model in self._models.watched():
@@ -261,6 +303,14 @@ class Monitor(ReadBack):
         self.capture.release()
         self._delivery.close()
         usage.tell_unstepped([self._usage])
+
+
+NO_GUARD_UNDER_DEEPSPEED = (
+    "MonitorConfig.guard cannot skip a DeepSpeed engine's steps: DeepSpeed steps its flat buffers itself, "
+    "one param group after another, and no base step may be left out of one of them; use DeepSpeed's own "
+    "means (fp16 dynamic loss scaling skips a step whose grads overflow), and keep MonitorConfig(alerts=..., "
+    "stop_on=...) to hear of a NaN and stop")
+"""Why the guard refuses a DeepSpeed engine."""
 
 
 class Pending:

@@ -43,15 +43,17 @@ PER_PARAMETER = {
 KEYED = frozenset(head for cls in REGISTRY.values() for head in cls.keyed)
 """Per-parameter heads followed by a key before the parameter name (the families' ``keyed``)."""
 
-RUN_WIDE = {"global": "norms", "lr": "lr", "health": "health", "monitor": "monitor", "verify": "verify"}
-"""Head of each run-wide tag -> its figure family (``verify`` is verify mode's, not selectable;
+RUN_WIDE = {"global": "norms", "lr": "lr", "health": "health", "monitor": "monitor", "verify": "verify",
+            "guard": "guard"}
+"""Head of each run-wide tag -> its figure family (``verify`` is verify mode's, ``guard`` the guard's
+(``guard/skipped``), neither selectable;
 ``monitor/copied_bytes`` and ``monitor/host_seconds`` are the monitor's own cost,
 :mod:`monitored_optim.capture.spent`)."""
 
 OWN_FAMILY = {tag: name for name, cls in REGISTRY.items() for tag in cls.run_wide}
 """Run-wide tags whose family is not their head's (the families' ``run_wide``)."""
 
-assert set(PER_PARAMETER.values()) | set(RUN_WIDE.values()) | set(OWN_FAMILY.values()) <= {*FAMILIES, "verify"}
+assert set(PER_PARAMETER.values()) | set(RUN_WIDE.values()) | set(OWN_FAMILY.values()) <= {*FAMILIES, "verify", "guard"}
 
 
 @functools.lru_cache(maxsize=1 << 16)

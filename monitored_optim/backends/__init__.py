@@ -152,6 +152,7 @@ class Fanout:
         self._open: dict[str, Backend] | None = None
         self._release: weakref.finalize | None = None
         self._told = Once()
+        self._mute: set[str] = set()  # backends whose alert call failed
 
     def log(self, metrics: dict[str, float], step: int,
             compact: Callable[[], dict[str, float]] | None = None) -> None:
@@ -182,9 +183,19 @@ class Fanout:
         """
         self._send("histograms", hists, step, compact)
 
-    def _send(self, method: str, sent: dict, step: int, compact: Callable[[], dict] | None) -> None:
-        """``backend.<method>(sent, step)`` on every open backend (opening them the first time),
-        the dashboards getting ``compact()`` instead when it is given; a failing one is dropped."""
+    def alert(self, title: str, text: str, level: int) -> None:
+        """``backend.alert(title, text, level)`` on every open backend that has it (W&B, trackio,
+        Comet, a user's sink with an ``alert`` method), opening them the first time; ``level`` is
+        ``logging.WARNING`` or ``logging.ERROR``. One that fails is warned about once and gets no
+        more alerts; its figures still go to it (``strict``: the exception propagates)."""
+        for name, backend in list(self._opened().items()):
+            action = getattr(backend, "alert", None)
+            if action is not None and name not in self._mute and self._guard(name, action, title, text, level,
+                                                                              what="alerts") is _FAILED:
+                self._mute.add(name)
+
+    def _opened(self) -> dict[str, Backend]:
+        """The open backends, opened the first time (a backend that fails to open is dropped)."""
         if self._open is None:
             opened = {name: self._guard(name, open_backend, name, self.logdir) for name in self.names}
             if set(FILES) & set(self.names):
@@ -193,8 +204,13 @@ class Fanout:
             self._open = {name: backend for name, backend in opened.items() if backend is not _FAILED}
             self._open.update(self.made)
             self._open.update({name: _Sink(sink) for name, sink in self.sinks.items()})
-        grouped = None
-        for name, backend in list(self._open.items()):
+        return self._open
+
+    def _send(self, method: str, sent: dict, step: int, compact: Callable[[], dict] | None) -> None:
+        """``backend.<method>(sent, step)`` on every open backend (opening them the first time),
+        the dashboards getting ``compact()`` instead when it is given; a failing one is dropped."""
+        grouped, opened = None, self._opened()
+        for name, backend in list(opened.items()):
             action = getattr(backend, method, None)
             if action is None:
                 self._cannot(name, backend, method)
@@ -203,7 +219,7 @@ class Fanout:
             if compact is not None and name in GROUPED:
                 grouped = given = grouped if grouped is not None else compact()
             if self._guard(name, action, given, step) is _FAILED:
-                del self._open[name]
+                del opened[name]
                 try:
                     backend.close()
                 except Exception:  # already reported: it is failing
@@ -227,15 +243,17 @@ class Fanout:
             self._release()
             self._release = None
 
-    def _guard(self, name: str, action: Callable[..., Any], *args: Any) -> Any:
-        """``action(*args)``, or :data:`_FAILED` after warning (``strict``: the exception propagates)."""
+    def _guard(self, name: str, action: Callable[..., Any], *args: Any, what: str = "") -> Any:
+        """``action(*args)``, or :data:`_FAILED` after warning (``strict``: the exception propagates);
+        ``what``: the part of the backend that failed and is disabled (default: all of it)."""
         try:
             return action(*args)
         except Exception as err:
             if self.strict:
                 raise
-            what = f"your {name}" if name in self.sinks else f"the {name} backend"
-            warn(f"monitored_optim: {what} failed and is disabled for the rest of this run "
+            who = f"your {name}" if name in self.sinks else f"the {name} backend"
+            part = f"{who}'s {what}" if what else who
+            warn(f"monitored_optim: {part} failed and {'are' if what else 'is'} disabled for the rest of this run "
                  f"({type(err).__name__}: {err}); training continues", RuntimeWarning)
             return _FAILED
 
@@ -256,6 +274,12 @@ class _Sink:
         histograms = getattr(self._sink, "histograms", None)
         if callable(histograms):
             histograms({tag: h.copy() for tag, h in hists.items()}, step)
+
+    def alert(self, title: str, text: str, level: int) -> None:
+        """The object's ``alert(title, text, level)``, if it has one; else nothing."""
+        alert = getattr(self._sink, "alert", None)
+        if callable(alert):
+            alert(title, text, level)
 
     def close(self) -> None:
         close = getattr(self._sink, "close", None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 from pathlib import Path
@@ -85,6 +86,12 @@ class CometBackend:
                 histogram = CometHistogram()
                 histogram.add([middle for middle, _ in kept], counts=[c for _, c in kept])
                 self._experiment.log_histogram_3d(histogram, name=self._key(tag), step=step)
+
+    def alert(self, title: str, text: str, level: int) -> None:
+        """``send_notification(title, status, {"text": text})``: Comet's e-mail to the experiment's owner,
+        with the status ``"warning"`` or ``"error"`` for ``logging.WARNING`` or ``logging.ERROR``."""
+        self._experiment.send_notification(title, status="error" if level >= logging.ERROR else "warning",
+                                           additional_data={"text": text})
 
     def close(self) -> None:
         experiment, self._experiment = self._experiment, None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from typing import Any
@@ -63,6 +64,12 @@ class TrackioBackend:
         """Log one row of ``trackio.Histogram`` per non-empty tag (its non-empty span drawn from its exact
         min to its exact max, :func:`as_bins`) at ``step``, as :meth:`log` logs the figures."""
         self.log({tag: trackio.Histogram(np_histogram=bins) for tag, bins in as_bins(hists).items()}, step)
+
+    def alert(self, title: str, text: str, level: int) -> None:
+        """``run.alert(title, text, level)``: trackio's alert (printed, stored with the run, shown on its
+        dashboard, and sent to the run's webhook if it has one), at ``WARN`` or ``ERROR``."""
+        self._run.alert(title=title, text=text,
+                        level=trackio.AlertLevel.ERROR if level >= logging.ERROR else trackio.AlertLevel.WARN)
 
     def close(self) -> None:
         run, self._run = self._run, None

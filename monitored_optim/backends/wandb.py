@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 from pathlib import Path
 from typing import Any, cast
 
 import wandb
+from wandb.sdk.wandb_alerts import AlertLevel
 
 from ..histograms import Histogram
 from .bins import as_bins
@@ -59,6 +61,12 @@ class WandbBackend:
         for family in self._families.new(shown):
             self._run.define_metric(f"{family}/*", step_metric=STEP_METRIC)
         self._run.log({**shown, STEP_METRIC: step})
+
+    def alert(self, title: str, text: str, level: int) -> None:
+        """``run.alert(title, text, level)``: W&B's alert (an email or Slack message, as the user's W&B
+        settings say), at ``WARN`` or ``ERROR`` for ``logging.WARNING`` or ``logging.ERROR``."""
+        self._run.alert(title=title, text=text,
+                        level=AlertLevel.ERROR if level >= logging.ERROR else AlertLevel.WARN)
 
     def close(self) -> None:
         run, self._run = self._run, None

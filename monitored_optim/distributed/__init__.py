@@ -53,7 +53,7 @@ from ..updates import elementwise
 from . import dtensor, fsdp1, replicated, zero
 from .held import Held, is_dtensor, narrow, set_local_grad
 from .pipeline import Ranks, Remote
-from .table import Reduced
+from .table import Reduced, collective_device
 
 if TYPE_CHECKING:
     from ..pieces import Keys
@@ -304,4 +304,4 @@ class _LocalState:
         return isinstance(shard, Tensor) and self.get(shard) is not None
 
 
-__all__ = ["Sharding", "Unsharded", "initialized", "is_writer", "sharding", "tell_left_out"]
+__all__ = ["Sharding", "Unsharded", "collective_device", "initialized", "is_writer", "sharding", "tell_left_out"]

@@ -109,7 +109,7 @@ def reduce(entries: list[Any], local: list[Remote], held: list[Held], keys: Keys
     """
     if ranks.local is None:
         ranks.exchange(local)
-    world, rank, device = dist.get_world_size(), dist.get_rank(), _default_device()
+    world, rank, device = dist.get_world_size(), dist.get_rank(), collective_device()
     for attempt in range(2):
         changed = tuple(r.name for r in local) != ranks.local
         local_error: Exception | None = None
@@ -277,8 +277,9 @@ def _hosted(host: list[list[float]], block: int, keys: Keys, world: int) -> tupl
     return n, got
 
 
-def _default_device() -> torch.device:
-    """Where the table lives when a rank has no moment rows: the accelerator for NCCL-like backends."""
+def collective_device() -> torch.device:
+    """Where a collective's tensor lives (the table of a rank with no moment rows, the guard's decision):
+    the accelerator for NCCL-like backends, else the CPU."""
     backend = str(dist.get_backend()).lower()
     if "gloo" not in backend and "mpi" not in backend and torch.accelerator.is_available():
         acc = torch.accelerator.current_accelerator()

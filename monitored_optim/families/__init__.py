@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..alerts import Voice
 from ..reduce import MomentTable
 from .base import Family
 from .histograms import Histograms
@@ -59,4 +60,11 @@ def build(chosen: frozenset[str]) -> list[Family]:
     return [cls() for name, cls in REGISTRY.items() if name in chosen]
 
 
-__all__ = ["REGISTRY", "Family", "Step", "build"]
+def speak(chosen: list[Family], voice: Voice) -> None:
+    """Give the ``chosen`` families the run's voice, which warns and tells events where the figures
+    are written."""
+    for family in chosen:
+        family.voice = voice
+
+
+__all__ = ["REGISTRY", "Family", "Step", "build", "speak"]

@@ -6,6 +6,8 @@ from typing import Any
 
 from torch import Tensor
 
+from ..alerts import Voice
+
 
 class Family:
     """A figure family: its name, its tags, its device pieces and their reductions, its figures.
@@ -35,6 +37,10 @@ class Family:
 
     widths: dict[str, int] = {}
     """Values per parameter of each SUM key of ``pieces`` that holds more than one."""
+
+    voice = Voice()
+    """The run's voice (:func:`~monitored_optim.families.speak`): warnings about the figures, and events,
+    told where the figures are written; by default, a voice that warns in this process."""
 
     binned = False
     """Whether the capture bins p, the grad and u of every part for this family

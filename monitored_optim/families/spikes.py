@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._warnings import Once, warn
+from .._warnings import Once
 from .base import Family
 
 WINDOW = 20
@@ -44,56 +44,71 @@ FLOOR = 1.0
 FIGURES = ("grad_norm", "update_rms_per_lr")
 
 
-class Spikes(Family):
-    """``health/spikes``: the number of parameters whose grad norm or update RMS per lr spiked at
-    this logging step; a warning names the first parameters to spike, the figures and the step.
+class SpikeRule:
+    """Hampel's one-sided identifier over the last :data:`WINDOW` values admitted to each series.
 
-    The last :data:`WINDOW` values of every series live in one float64 table (parameters x
-    :data:`FIGURES` x window, NaN where empty), so that a logging step's medians and MADs are a few
-    ops on the host for all parameters (the median of an even count is the mean of the middle two,
-    as ``statistics.median``)."""
+    Series are keyed by a name and hold ``width`` values each (one per figure judged). The last
+    :data:`WINDOW` values of every series live in one float64 table (series x width x window, NaN
+    where empty), so that a step's medians and MADs are a few ops on the host for every series (the
+    median of an even count is the mean of the middle two, as ``statistics.median``). Judging reads
+    the table; only :meth:`admit` writes it, so a caller decides which judged values enter.
 
-    name = "spikes"
-    default = True
-    run_wide = ("health/spikes",)
+    Args:
+        width: values per series (int >= 1).
+    """
 
-    def __init__(self) -> None:
+    def __init__(self, width: int) -> None:
+        self.width = width
         self._row: dict[str, int] = {}
-        self._history = torch.full((0, len(FIGURES), WINDOW), math.nan, dtype=torch.float64)
-        self._count = torch.zeros((0, len(FIGURES)), dtype=torch.long)
-        self._told = Once()
+        self._history = torch.full((0, width, WINDOW), math.nan, dtype=torch.float64)
+        self._count = torch.zeros((0, width), dtype=torch.long)
         self._names: tuple[str, ...] = ()
         self._rows = torch.zeros(0, dtype=torch.long)  # the table rows of _names
         self._all = True  # _rows is every row in order: the table itself, not a gather of it
 
-    def figures(self, step: Any) -> dict[str, float]:
-        names = tuple(step.names)
-        if names != self._names:  # the same parameters as the last logging step: the same rows
+    def judge(self, names: tuple[str, ...], x: Tensor) -> Tensor:
+        """Which values of ``x`` (float64, ``(len(names), width)``, log10 sizes; NaN where unknown)
+        spike: at least :data:`MIN_HISTORY` values behind them and ``x - median`` above
+        ``max(THRESHOLD * 1.4826 * MAD, FLOOR)``. A +inf value with enough history spikes; NaN never.
+
+        Returns a bool tensor of the shape of ``x``."""
+        if names != self._names:  # the same series as the last call: the same rows
             self._grow(names)
             self._names, self._rows = names, torch.tensor([self._row[name] for name in names], dtype=torch.long)
             self._all = len(names) == len(self._row) and bool((self._rows == torch.arange(len(names))).all())
-        rows = self._rows
-        x = _values(step.table, step.lrs)
-        past, count = (self._history, self._count) if self._all else (self._history[rows], self._count[rows])
+        past, count = self._past()
         median = _median(past, count)
         rise = x - median
-        spike = (count >= MIN_HISTORY) & x.isfinite() & (rise > FLOOR)  # the bound is at least FLOOR
+        spike = (count >= MIN_HISTORY) & (rise > FLOOR)  # the bound is at least FLOOR; NaN compares False
         r, k = spike.nonzero(as_tuple=True)  # the MAD only where a value may spike (usually nowhere)
         if len(r):
             mad = _median((past[r, k] - median[r, k].unsqueeze(-1)).abs(), count[r, k])
             spike[r, k] = rise[r, k] > torch.clamp(THRESHOLD * 1.4826 * mad, min=FLOOR)
-        keep = x.isfinite() & ~spike  # a spiking value does not enter the baseline
+        return spike
+
+    def admit(self, x: Tensor, keep: Tensor) -> None:
+        """Enter the values of ``x`` where ``keep`` (bool, the shape of ``x``) into the series of the
+        names last judged."""
         r, k = keep.nonzero(as_tuple=True)
-        self._history[rows[r], k, count[r, k] % WINDOW] = x[r, k]
-        self._count[rows[r], k] += 1
-        spiking = [(names[i], [kind for kind, hit in zip(FIGURES, spike[i].tolist()) if hit])
-                   for i in spike.any(1).nonzero().flatten().tolist()]  # only the spiking rows read back
-        if spiking and self._told.first():
-            shown = ", ".join(f"{name!r} ({' and '.join(kinds)})" for name, kinds in spiking[:5])
-            more = f" and {len(spiking) - 5} more" if len(spiking) > 5 else ""
-            warn(f"monitored_optim: spike at step {step.step} in {shown}{more}: far above each one's "
-                 f"last {WINDOW} logged values (health/spikes counts them at every logging step)", RuntimeWarning)
-        return {"health/spikes": float(len(spiking))}
+        count = self._count if self._all else self._count[self._rows]
+        self._history[self._rows[r], k, count[r, k] % WINDOW] = x[r, k]
+        self._count[self._rows[r], k] += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """Its series (names, history, counts), to resume with (:meth:`load_state_dict`)."""
+        return {"names": list(self._row), "history": self._history.clone(), "count": self._count.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from what :meth:`state_dict` gave."""
+        self._row = {name: i for i, name in enumerate(state["names"])}
+        self._history, self._count = state["history"].clone(), state["count"].clone()
+        self._names = ()
+
+    def _past(self) -> tuple[Tensor, Tensor]:
+        """The history and counts of the names last judged, in their order."""
+        if self._all:
+            return self._history, self._count
+        return self._history[self._rows], self._count[self._rows]
 
     def _grow(self, names: tuple[str, ...]) -> None:
         """Rows for names not seen before."""
@@ -101,9 +116,41 @@ class Spikes(Family):
         if not new:
             return
         self._row.update({name: len(self._row) + i for i, name in enumerate(new)})
-        self._history = torch.cat([self._history, torch.full((len(new), len(FIGURES), WINDOW), math.nan,
+        self._history = torch.cat([self._history, torch.full((len(new), self.width, WINDOW), math.nan,
                                                              dtype=torch.float64)])
-        self._count = torch.cat([self._count, torch.zeros((len(new), len(FIGURES)), dtype=torch.long)])
+        self._count = torch.cat([self._count, torch.zeros((len(new), self.width), dtype=torch.long)])
+
+
+class Spikes(Family):
+    """``health/spikes``: the number of parameters whose grad norm or update RMS per lr spiked at
+    this logging step (:class:`SpikeRule` over its logging steps); the run's voice names the first
+    parameters to spike, the figures and the step (a warning once, a ``spikes`` event each time)."""
+
+    name = "spikes"
+    default = True
+    run_wide = ("health/spikes",)
+
+    def __init__(self) -> None:
+        self.rule = SpikeRule(len(FIGURES))
+        self._told = Once()
+
+    def figures(self, step: Any) -> dict[str, float]:
+        names = tuple(step.names)
+        x = _values(step.table, step.lrs)
+        spike = self.rule.judge(names, x) & x.isfinite()
+        self.rule.admit(x, x.isfinite() & ~spike)  # a spiking value does not enter the baseline
+        rows = spike.any(1).nonzero().flatten().tolist()  # only the spiking rows read back
+        spiking = [(names[i], [kind for kind, hit in zip(FIGURES, spike[i].tolist()) if hit]) for i in rows]
+        if spiking:
+            layers = [f"{name} ({' and '.join(f'{kind} 10^{x[i, FIGURES.index(kind)].item():.2f}' for kind in kinds)})"
+                      for i, (name, kinds) in zip(rows, spiking)]
+            self.voice.event("spikes", step.step, layers)
+            if self._told.first():
+                shown = ", ".join(f"{name!r} ({' and '.join(kinds)})" for name, kinds in spiking[:5])
+                more = f" and {len(spiking) - 5} more" if len(spiking) > 5 else ""
+                self.voice.warn(f"monitored_optim: spike at step {step.step} in {shown}{more}: far above each "
+                                f"one's last {WINDOW} logged values (health/spikes counts them at every logging step)")
+        return {"health/spikes": float(len(spiking))}
 
 
 def _values(table: Any, lrs: list[float | None]) -> Tensor:
