@@ -57,7 +57,7 @@ class Voice:
         alerts: the event kinds told as alerts (a subset of :data:`KINDS`).
         stop_on: the event kinds after which :attr:`should_stop` is True.
         send: ``send(title, text, level)``, the trackers' alert calls (the monitor's backends), or None.
-        clock: the time in seconds (``time.time``), for the rate limit.
+        clock: the time in seconds, for the rate limit (default ``time.time``).
 
     Attributes:
         should_stop: True from the step of the first event of a kind in ``stop_on`` (or a stop the
@@ -67,8 +67,9 @@ class Voice:
 
     def __init__(self, tells: Callable[[], bool] = lambda: True, alerts: frozenset[str] = frozenset(),
                  stop_on: frozenset[str] = frozenset(), send: Callable[[str, str, int], None] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.tells, self.alerts, self.stop_on, self.send, self.clock = tells, alerts, stop_on, send, clock
+                 clock: Callable[[], float] | None = None) -> None:
+        self.tells, self.alerts, self.stop_on, self.send = tells, alerts, stop_on, send
+        self.clock = clock or time.time
         self.should_stop = False
         self.stop_reason: str | None = None
         self._last: dict[str, float] = {}  # kind -> when its last alert was told

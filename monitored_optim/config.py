@@ -234,7 +234,7 @@ def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = No
     sinks = _sinks(backend)
     if sinks:
         backend = [b for b in backend if isinstance(b, str)] or "none"
-    return Settings(
+    settings = Settings(
         sinks=sinks,
         backends=_parse_backends(DEFAULT_BACKEND if backend is None else backend, backend_src),
         logdir=_parse_logdir(logdir, logdir_src) if logdir is not None else default_logdir(),
@@ -252,6 +252,12 @@ def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = No
         alerts=frozenset() if alerts is None else _parse_kinds(alerts, alerts_src, tuple(KINDS)),
         stop_on=frozenset() if stop_on is None else _parse_kinds(stop_on, stop_src, tuple(KINDS)),
     )
+    found = heard(settings)
+    every = {field: getattr(settings, field) & found for field, value in (("alerts", alerts), ("stop_on", stop_on))
+             if _is_all(value)}  # 'all': every kind this configuration finds
+    settings = dataclasses.replace(settings, **every)
+    _check_heard(found, (alerts_src, settings.alerts), (stop_src, settings.stop_on))
+    return settings
 
 
 _FIELD_TYPES = {
@@ -439,9 +445,37 @@ def _parse_count_at_least_one(value: int | str, source: str, what: str) -> int:
     return number
 
 
+def heard(settings: Settings) -> frozenset[str]:
+    """The event kinds ``settings`` can find: ``nonfinite``, ``unchanged`` and ``no_grad`` with the
+    ``health`` figures, ``spikes`` with the ``spikes`` figures, and what the guard finds."""
+    found = {"nonfinite", "unchanged", "no_grad"} if "health" in settings.figures else set()
+    if "spikes" in settings.figures or "spikes" in settings.guard:
+        found.add("spikes")
+    if settings.guard:
+        found |= {"skipped", "stalled", *settings.guard}
+    return frozenset(found)
+
+
+def _is_all(value: Any) -> bool:
+    """Whether a kinds setting is ``all``."""
+    return isinstance(value, str) and value.strip().lower() == "all"
+
+
+def _check_heard(found: frozenset[str], *asked: tuple[str, frozenset[str]]) -> None:
+    """Refuse alerts or stops on an event kind that the configuration never finds (``found``:
+    :func:`heard`; ``asked``: the source of each setting and its kinds)."""
+    for source, kinds in asked:
+        for kind in sorted(kinds - found):
+            needs = ("MonitorConfig.guard (guard='nonfinite')" if kind in ("skipped", "stalled") else
+                     "the 'spikes' figures or guard='spikes'" if kind == "spikes" else "the 'health' figures")
+            raise ValueError(f"{source} asks for {kind!r}, which this configuration never finds: it needs {needs}; "
+                             f"what it finds now: {', '.join(sorted(found)) or 'nothing'}")
+
+
 def _parse_kinds(value: str | Sequence[str], source: str, allowed: tuple[str, ...]) -> frozenset[str]:
     """The kinds a comma-separated string or a list names, of ``allowed`` (``none``: no kind; ``all``:
-    every one where the allowed are event kinds).
+    every one where the allowed are event kinds, which :func:`resolve` narrows to those the
+    configuration finds).
 
     Raises:
         ValueError: an unknown or misspelt kind (naming the nearest), or ``none`` beside others.

@@ -13,7 +13,7 @@ from typing import Any
 
 import transformers
 
-from .attach import attach_at
+from .attach import attach_at, monitor_of
 from .config import ENV_LOGDIR, MonitorConfig
 from .trainers import config_for
 
@@ -38,6 +38,10 @@ class MonitorCallback(transformers.TrainerCallback):
     the Trainer's ``runs/`` directory), on the steps the Trainer logs (``logging_steps``, unless
     ``MONITORED_OPTIM_EVERY`` is set). The x axis is the optimizer step, the Trainer's ``global_step``.
 
+    After each optimizer step, a monitor that should stop (``MonitorConfig.stop_on``, or the guard
+    past its ``skip_budget``) stops training (``control.should_training_stop``, on every rank at
+    the same step); the monitor is closed when training ends.
+
     Args:
         config: a :class:`~monitored_optim.config.MonitorConfig`; the fields it sets win, the
             Trainer's (``backend``, ``logdir``, ``every``, ``model``) fill those it leaves unset.
@@ -45,6 +49,15 @@ class MonitorCallback(transformers.TrainerCallback):
 
     def __init__(self, config: MonitorConfig | None = None) -> None:
         self.config = config
+        self.monitor: Any = None  # the monitor of the optimizer of the training run
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.monitor is not None and self.monitor.should_stop:
+            control.should_training_stop = True
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        **kwargs: Any) -> None:
@@ -54,7 +67,8 @@ class MonitorCallback(transformers.TrainerCallback):
         beside = "tensorboard" in backends or not (backends or os.environ.get(ENV_LOGDIR))
         logdir = tensorboard_dir(args) if beside else None
         every = state.logging_steps if args.logging_strategy == "steps" else None
-        attach_at(optimizer, config_for(self.config, model, backends, logdir, every), state.global_step)
+        attached = attach_at(optimizer, config_for(self.config, model, backends, logdir, every), state.global_step)
+        self.monitor = monitor_of(attached)
 
 
 def tensorboard_dir(args: Any) -> str:

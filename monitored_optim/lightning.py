@@ -10,7 +10,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from .attach import attach_at
+from .attach import attach_at, monitor_of
 from .config import MonitorConfig
 from .trainers import config_for, prefixes
 
@@ -33,6 +33,10 @@ class MonitorCallback(pl.Callback):
     Several optimizers are kept apart by a tag prefix each: the class name, then ``-1``, ``-2``, ...
     for the same class again (as ``LearningRateMonitor`` names them).
 
+    After each training batch, a monitor that should stop (``MonitorConfig.stop_on``, or the guard
+    past its ``skip_budget``) stops the Trainer (``trainer.should_stop``, on every rank at the same
+    step); the monitors are closed when training ends.
+
     Args:
         config: a :class:`~monitored_optim.config.MonitorConfig` for every optimizer; the fields it
             sets win, the Trainer's (``backend``, ``logdir``, ``every``, the module as ``model``)
@@ -41,16 +45,27 @@ class MonitorCallback(pl.Callback):
 
     def __init__(self, config: MonitorConfig | None = None) -> None:
         self.config = config
+        self.monitors: list[Any] = []  # those of the optimizers of the training run
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if any(monitor.should_stop for monitor in self.monitors):
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for monitor in self.monitors:
+            monitor.close()
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         backends, logdir = destination(trainer)
         optimizers = list(trainer.optimizers)
         steps = trainer.global_step if len(optimizers) == 1 else None
+        self.monitors = []
         watched = pl_module if len(optimizers) == 1 else None  # one of several holds part of the model
         for opt, prefix in zip(optimizers, prefixes(optimizers)):
             every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning's logger connector
             config = config_for(self.config, watched, backends, logdir, every, prefix)
-            attach_at(opt, config, steps, pl_module)
+            self.monitors.append(monitor_of(attach_at(opt, config, steps, pl_module)))
 
 
 def destination(trainer: pl.Trainer) -> tuple[list[Any], str | None]:

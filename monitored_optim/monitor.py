@@ -118,6 +118,21 @@ class Monitor(ReadBack):
         ``skip_budget``): True on every rank from the same step on."""
         return self.voice.should_stop
 
+    def acting_state(self) -> dict[str, Any]:
+        """What the guard and the alerts keep across steps (the guard's counts and spike history, the
+        alerts' clocks), for a checkpoint; empty with both off."""
+        state: dict[str, Any] = {"guard": self.guard.state_dict()} if self.guard is not None else {}
+        if self.settings.alerts:
+            state["alerts"] = self.voice.state_dict()
+        return state
+
+    def load_acting_state(self, state: dict[str, Any]) -> None:
+        """Continue from what :meth:`acting_state` gave (a part for what is off here is left aside)."""
+        if self.guard is not None and isinstance(state.get("guard"), dict):
+            self.guard.load_state_dict(state["guard"])
+        if isinstance(state.get("alerts"), dict):
+            self.voice.load_state_dict(state["alerts"])
+
     def skipped(self) -> None:
         """Count a step that an AMP GradScaler skipped (``health/skipped_steps``, and the step itself
         when ``count="calls"``)."""

@@ -101,7 +101,8 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
     state_dict.__signature__ = _signature(base.state_dict)
     load_state_dict.__signature__ = _signature(base.load_state_dict)
     state_dict.__doc__ = (f"{base.__name__}.state_dict() plus ``'monitor': {{'step': N}}``, the monitor's step "
-                          f"count (ignored by the plain class's load_state_dict).")
+                          f"count, with the guard's and the alerts' memory where they are on (ignored by the plain "
+                          f"class's load_state_dict).")
     load_state_dict.__doc__ = (f"Load a state dict of this class or of the plain {base.__name__}.\n\n"
                                f"Takes the arguments {base.__name__}.load_state_dict takes. The monitor's step count "
                                "continues from the saved one; in a plain state dict, from the count the optimizer "
@@ -127,6 +128,7 @@ def _pickling(base: type[torch.optim.Optimizer]) -> tuple[Any, Any]:
         config = self.monitor.config
         state["_monitor_config"] = dataclasses.replace(config, model=None) if config is not None else None
         state["_monitor_step"] = self.monitor.step
+        state["_monitor_acting"] = self.monitor.acting_state()
         known = self.monitor._models.names  # a watched model's names, by position (the model is not saved)
         state["_monitor_names"] = [[known.get(id(p)) for p in group["params"]] for group in self.param_groups]
         return state
@@ -136,11 +138,12 @@ def _pickling(base: type[torch.optim.Optimizer]) -> tuple[Any, Any]:
         # __setstate__ (with state and param_groups only), which must keep the running monitor.
         saved = "_monitor_config" in state
         config, count = state.pop("_monitor_config", None), state.pop("_monitor_step", 0)
-        names = state.pop("_monitor_names", [])
+        names, acting = state.pop("_monitor_names", []), state.pop("_monitor_acting", {})
         base.__setstate__(self, state)
         if saved:
             self._monitor = _rebuilt_monitor(config, base)
             self._monitor.step = count
+            self._monitor.load_acting_state(acting)
             for group, own in zip(self.param_groups, names):
                 for p, name in zip(group["params"], own):
                     if name is not None:
@@ -156,7 +159,7 @@ def _state_dicts(base: type[torch.optim.Optimizer]) -> tuple[Any, Any]:
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         sd = base.state_dict(self, *args, **kwargs)
         if "_monitor" in vars(self):  # absent while a base __init__ calls state_dict()
-            sd["monitor"] = {"step": self._monitor.step}
+            sd["monitor"] = {"step": self._monitor.step, **self._monitor.acting_state()}
         return sd
 
     def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
@@ -172,6 +175,7 @@ def _state_dicts(base: type[torch.optim.Optimizer]) -> tuple[Any, Any]:
         if "_monitor" in vars(self):
             if saved:  # the count this class saved: a rollback to it is deliberate, no warning
                 self._monitor.resume_at(int(saved["step"]))
+                self._monitor.load_acting_state(saved)
             else:
                 self._monitor.step = _step_count_kept(self, self._monitor.step)
             if not saved and self._monitor.step == 0 and any(self.state.values()):

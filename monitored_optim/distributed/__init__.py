@@ -259,10 +259,13 @@ class Sharding:
 
 def tell_left_out(keys: set[str], reductions: dict[str, str], told: Once) -> None:
     """Warn once per key head (``told``: those warned about before, by this monitor) that the
-    sharded reduction left the figures of ``keys`` out, and why (``reductions``: head -> reduction)."""
+    sharded reduction left the figures of ``keys`` out, and why (``reductions``: head -> reduction); in
+    the process that writes the figures alone, as every rank leaves out the same."""
     from ..pieces import WHOLE, head
 
     for first in told.new(sorted({head(key) for key in keys})):
+        if not is_writer():
+            continue
         if reductions.get(first) == WHOLE:
             warn(f"monitored_optim: the {first} figures of matrices sharded across ranks are left out: they "
                  "describe a whole matrix and each rank holds a shard (gathering the matrix would take a "
