@@ -9,8 +9,8 @@ import pytest
 @pytest.fixture(autouse=True)
 def _isolated_environment(monkeypatch, tmp_path):
     for var in ("MONITORED_OPTIM_BACKEND", "MONITORED_OPTIM_LOGDIR", "MONITORED_OPTIM_EVERY", "MONITORED_OPTIM_COUNT",
-                "MONITORED_OPTIM_STRICT", "MONITORED_OPTIM_VERIFY", "MONITORED_OPTIM_GUARD", "MONITORED_OPTIM_SKIP_BUDGET",
-                "MONITORED_OPTIM_ALERTS", "MONITORED_OPTIM_STOP_ON"):
+                "MONITORED_OPTIM_STRICT", "MONITORED_OPTIM_VERIFY", "MONITORED_OPTIM_GUARD",
+                "MONITORED_OPTIM_SKIP_BUDGET", "MONITORED_OPTIM_ALERTS", "MONITORED_OPTIM_STOP_ON"):
         monkeypatch.delenv(var, raising=False)
     # the tests count on a figure at every step unless they set `every`; the library's default period
     # (10) is tested in test_config.py, which resolves without this variable

@@ -78,6 +78,18 @@ def _equal(a, b) -> bool:
     return a == b
 
 
+def closure_of(model: nn.Module, opt: torch.optim.Optimizer, step: int, poison: float | None):
+    """The closure of ``step``: zero the grads, the loss, its grads, ``poison`` put into one element."""
+    def closure():
+        opt.zero_grad()
+        loss = loss_of(model, step)
+        loss.backward()
+        if poison is not None:
+            model[0].weight.grad[1, 2] = poison
+        return loss
+    return closure
+
+
 def twin_run(cls, kwargs, poisoned: dict[int, float], steps: int, closure: bool = False, dtype=torch.float32,
              **config):
     """Train a monitored optimizer with the guard and its plain twin, which does not call ``step()`` at
@@ -88,18 +100,8 @@ def twin_run(cls, kwargs, poisoned: dict[int, float], steps: int, closure: bool 
     plain = cls(twin.parameters(), **kwargs)
     skipped = []
     for step in range(1, steps + 1):
-        def make(m, o, poison):
-            def fn():
-                o.zero_grad()
-                loss = loss_of(m, step)
-                loss.backward()
-                if poison is not None:
-                    m[0].weight.grad[1, 2] = poison
-                return loss
-            return fn
-
         poison = poisoned.get(step)
-        fn = make(model, opt, poison)
+        fn = closure_of(model, opt, step, poison)
         if closure:
             out = opt.step(fn)
             assert out is not None and torch.isfinite(out)
@@ -108,9 +110,9 @@ def twin_run(cls, kwargs, poisoned: dict[int, float], steps: int, closure: bool 
             opt.step()
         skipped.append(opt.monitor.step_was_skipped)
         if poison is None and closure:
-            plain.step(make(twin, plain, None))
+            plain.step(closure_of(twin, plain, step, None))
         elif poison is None:
-            make(twin, plain, None)()
+            closure_of(twin, plain, step, None)()
             plain.step()
     return model, opt, twin, plain, skipped
 
@@ -297,7 +299,8 @@ def test_a_later_alert_says_how_many_were_held_back(caplog):
     records = alerts_in(caplog)
     assert len(records) == 2
     assert "skipped at step 3" in records[0].getMessage() and "held back" not in records[0].getMessage()
-    assert "skipped at step 9" in records[1].getMessage() and "(5 more skipped alerts held back" in records[1].getMessage()
+    second = records[1].getMessage()
+    assert "skipped at step 9" in second and "(5 more skipped alerts held back" in second
 
 
 def test_should_stop_without_the_guard_on_a_nonfinite_figure():
