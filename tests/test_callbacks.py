@@ -256,3 +256,54 @@ def test_lightning_two_optimizers_are_kept_apart_in_its_csv_loggers_directory(tm
                                      if k.startswith("update_norm/"))
         for step, row in enumerate(own, 1):
             assert_figures_match(row, truth.steps[step - 1])
+
+
+# ---------------------------------------------------------------------------- stopping on what it sees
+
+def test_hf_trainer_stops_on_every_rank_at_the_guards_stall_with_finite_weights(tmp_path):
+    """A NaN put into a grad from step 3 on: the guard skips steps 3 and 4 (budget 1), asks to stop, and
+    the callback stops the Trainer there; the weights are finite and the monitor is closed."""
+    from monitored_optim.hf import MonitorCallback
+
+    class Poison(transformers.TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            if state.global_step + 1 >= 3:
+                next(p for p in model.parameters() if p.grad is not None).grad.view(-1)[0] = float("nan")
+
+    monitor = MonitorCallback(MonitorConfig(backend="jsonl", logdir=tmp_path / "logs", guard="nonfinite",
+                                            skip_budget=1))
+    trainer = hf_trainer(tmp_path, [monitor, Poison()], max_steps=20, max_grad_norm=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the Trainer's own notices (tokenizer-free model, cpu)
+        trainer.train()
+    assert trainer.state.global_step == 4
+    assert monitor.monitor.should_stop and monitor.monitor.guard.skipped == 2 and monitor.monitor.step == 2
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert monitor.monitor._delivery.backends._open is None  # closed at the end of training
+
+
+def test_lightning_trainer_stops_at_the_step_an_event_asks_to(tmp_path):
+    """Lightning steps through a closure: the guard runs it, then decides. A NaN from step 3 on, a budget
+    of 2: steps 3, 4, 5 skipped, the stop at step 5, the weights finite."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    from monitored_optim.lightning import MonitorCallback
+
+    class Poison(lightning.Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            if trainer.global_step + 1 >= 3:
+                pl_module.net[0].weight.grad[0, 0] = float("nan")
+
+    callback = MonitorCallback(MonitorConfig(guard="nonfinite", skip_budget=2))
+    trainer = lightning.Trainer(
+        max_steps=20, logger=CSVLogger(str(tmp_path), name="lit"), accelerator="cpu", devices=1,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=2,
+        default_root_dir=str(tmp_path), callbacks=[callback, Poison()])
+    module = Regression()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's notices (few workers, cpu)
+        trainer.fit(module, regression(100))
+    (monitor,) = callback.monitors
+    assert monitor.should_stop and monitor.guard.skipped == 3 and monitor.step == 2
+    assert trainer.global_step == 5  # Lightning counts the calls
+    assert all(torch.isfinite(p).all() for p in module.parameters())
