@@ -22,14 +22,13 @@ step (fused <= 2.0, eager <= 4.0), and the every=10 iteration with histograms to
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import BATCH, SEQ, VOCAB, TinyLM, iteration  # noqa: E402
+from overhead import BATCH, SEQ, VOCAB, TinyLM, interleaved  # noqa: E402
 
 from monitored_optim import Monitored, MonitorConfig  # noqa: E402
 
@@ -68,18 +67,7 @@ def main() -> None:
     torch.set_num_threads(2)
     built = {mode: build(mode, device) for mode in MODES}
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(0)).to(device)
-    steps = {mode: [] for mode in MODES}
-    iters = {mode: [] for mode in MODES}
-    for r in range(args.rounds + 1):  # round 0 warms up
-        for mode, (model, opt) in built.items():
-            timings = {"step": [], "iter": []}
-            for _ in range(10):
-                iteration(model, opt, tokens, timings)
-            if r:
-                steps[mode].append(statistics.mean(timings["step"]))
-                iters[mode].append(statistics.mean(timings["iter"]))
-    step = {mode: statistics.median(v) for mode, v in steps.items()}
-    it = {mode: statistics.median(v) for mode, v in iters.items()}
+    step, it = interleaved(built, tokens, args.rounds)
     print(f"AdamW on TinyLM, {device}, {args.rounds} rounds of 10 iterations, torch {torch.__version__}")
     print(f"{'mode':<20} {'step ms':>8} {'step / plain':>13} {'iteration ms':>13} {'iteration / plain':>18}")
     for mode in MODES:

@@ -260,6 +260,24 @@ def iteration(model, opt, tokens, timings):
     timings["iter"].append(t2 - t0)
 
 
+def interleaved(built: dict, tokens, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Per mode of ``built`` (mode -> (model, optimizer)), the median over ``rounds`` rounds of the mean
+    ``opt.step()`` time and of the mean iteration time, in seconds; each round runs ten iterations of
+    every mode in turn, after one round of warm-up."""
+    steps: dict[str, list[float]] = {mode: [] for mode in built}
+    iters: dict[str, list[float]] = {mode: [] for mode in built}
+    for r in range(rounds + 1):  # round 0 warms up
+        for mode, (model, opt) in built.items():
+            timings: dict[str, list[float]] = {"step": [], "iter": []}
+            for _ in range(10):
+                iteration(model, opt, tokens, timings)
+            if r:
+                steps[mode].append(statistics.mean(timings["step"]))
+                iters[mode].append(statistics.mean(timings["iter"]))
+    return ({mode: statistics.median(v) for mode, v in steps.items()},
+            {mode: statistics.median(v) for mode, v in iters.items()})
+
+
 def _sync(t):
     if t.is_cuda:
         torch.cuda.synchronize()
