@@ -450,3 +450,38 @@ def test_hf_trainer_deepspeed_callback_monitors_the_optimizer_it_steps(stage, bu
     assert results[1][True]["latest"] == got["latest"]
     lines = (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == list(range(EVERY, STEPS + 1, EVERY))
+
+
+def _guarded(rank, world, outdir):
+    """The guard refused under DeepSpeed's ZeRO wrapper: by ``attach(engine)`` at once, and by a monitored
+    optimizer given to ``deepspeed.initialize`` at the first step, where the wrapper is found."""
+    from monitored_optim import attach
+
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    config = {"train_micro_batch_size_per_gpu": BATCH // world, "gradient_clipping": 0,
+              "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}
+    guard = MonitorConfig(backend="none", guard="nonfinite")
+    told = []
+    built = model()
+    engine, *_ = deepspeed.initialize(model=built, model_parameters=built.parameters(),
+                                      config={**config, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})
+    try:
+        attach(engine, guard)
+    except ValueError as err:
+        told.append(str(err))
+    net = model()
+    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), lr=1e-2, monitor=guard)
+    engine, *_ = deepspeed.initialize(model=net, optimizer=opt, config=config)
+    engine.backward(engine(torch.randn(BATCH // world, 16)).square().mean())
+    try:
+        engine.step()
+    except ValueError as err:
+        told.append(str(err))
+    return told
+
+
+def test_the_guard_under_a_deepspeed_engine_fails_with_deepspeeds_own_means(tmp_path):
+    for told in launch(_guarded, 2, tmp_path, deadline=DEADLINE):
+        assert len(told) == 2
+        assert all("MonitorConfig.guard cannot skip a DeepSpeed engine's steps" in t and "loss scaling" in t
+                   for t in told)
