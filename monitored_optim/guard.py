@@ -5,9 +5,10 @@ base step is not called at all, as torch's ``GradScaler`` does with an inf or Na
 parameters, the state, its step counts and ``state_dict()`` stay those of the optimizer that never
 took the step (never an update multiplied by zero: 0 x NaN is NaN). What it judges:
 
-* ``nonfinite``: each grad's largest magnitude (its inf-norm: NaN where an element is NaN, inf
-  where one is ±inf, and never an overflow of finite values);
-* ``spikes``: log10 of each grad's L2 norm (taken in float64), judged at every step by the
+* ``nonfinite``: each grad's L2 norm, NaN or inf where an element is NaN or ±inf (and where it
+  is not finite, the grad's elements themselves, so that a finite grad whose norm overflows its
+  dtype is not taken for a poisoned one);
+* ``spikes``: log10 of the same norms, judged at every step by the
   ``health/spikes`` rule (:class:`~monitored_optim.families.spikes.SpikeRule`) against the steps
   the guard let through; the values of a skipped step never enter its history, and nothing is
   judged before a parameter has :data:`~monitored_optim.families.spikes.MIN_HISTORY` values. The
@@ -83,20 +84,22 @@ class Guard:
 
     def _measure(self, grads: list[Tensor], scale: Tensor | None) -> tuple[Tensor, Tensor]:
         """Per grad, whether it holds a NaN or an Inf (bool) and log10 of its L2 norm (float64, a
-        column; NaN where the spike rule is off or the norm is 0), read to the host in one copy."""
-        n = len(grads)
-        if not n:
+        column; NaN where the norm is 0), read to the host in one copy.
+
+        One pass: the L2 norm in the grad's dtype is NaN or inf where the grad holds a NaN or an Inf;
+        where it is not finite, the grad itself is asked (``isfinite``), so that a finite grad whose
+        norm overflows (an fp16 norm past 65504) is not taken for a poisoned one."""
+        if not grads:
             return torch.zeros(0, dtype=torch.bool), torch.zeros((0, 1), dtype=torch.float64)
         device = grads[0].device
-        parts = [torch.stack([m.to(device, torch.float64) for m in torch._foreach_norm(grads, math.inf)])]
-        if self.rule is not None:
-            norms = torch.stack([m.to(device) for m in torch._foreach_norm(grads, 2, dtype=torch.float64)])
-            if scale is not None:
-                norms = norms / scale.to(device, torch.float64)
-            parts.append(torch.where(norms > 0, norms.log10(), math.nan))
-        host = torch.cat(parts).cpu()
-        bad = ~host[:n].isfinite()
-        x = host[n:].unsqueeze(1) if self.rule is not None else torch.full((n, 1), math.nan, dtype=torch.float64)
+        norms = torch.stack([n.to(device) for n in torch._foreach_norm(grads, 2)]).double()
+        if scale is not None:
+            norms = norms / scale.to(device, torch.float64)
+        host = norms.cpu()
+        bad = ~host.isfinite()
+        for i in bad.nonzero().flatten().tolist():  # only where a norm is not finite (usually nowhere)
+            bad[i] = not bool(grads[i].isfinite().all())
+        x = torch.where(host > 0, host.log10(), math.nan).unsqueeze(1)
         return bad, x
 
     def _tell(self, step: int, names: tuple[str, ...], nonfinite: list[bool], spiking: list[bool], x: Tensor,

@@ -410,3 +410,16 @@ def test_off_by_default_the_state_dict_is_as_before():
     opt = Monitored(torch.optim.SGD)(net().named_parameters(), lr=0.1, monitor=MonitorConfig(backend="none"))
     assert opt.monitor.guard is None and not opt.monitor.should_stop and not opt.monitor.step_was_skipped
     assert opt.state_dict()["monitor"] == {"step": 0}
+
+
+def test_a_finite_grad_whose_norm_overflows_its_dtype_is_not_skipped():
+    """fp16 grads of 30000 in every element: finite, with an fp16 norm past 65504 (inf). Not a NaN step."""
+    p = nn.Parameter(torch.zeros(64, dtype=torch.float16))
+    opt = Monitored(torch.optim.SGD)([("w", p)], lr=1e-9, monitor=MonitorConfig(backend="none", guard="nonfinite"))
+    p.grad = torch.full_like(p, 3e4)
+    assert torch._foreach_norm([p.grad], 2)[0].isinf()
+    opt.step()
+    assert not opt.monitor.step_was_skipped
+    p.grad[5] = math.inf
+    opt.step()
+    assert opt.monitor.step_was_skipped
