@@ -55,7 +55,7 @@ class Voice:
     Args:
         tells: whether this process tells (the monitor's ``Delivery.writes``); default: always.
         alerts: the event kinds told as alerts (a subset of :data:`KINDS`).
-        stop_on: the event kinds after which :attr:`should_stop` is True.
+        stop_on: the event kinds after which ``should_stop`` is True.
         send: ``send(title, text, level)``, the trackers' alert calls (the monitor's backends), or None.
         clock: the time in seconds, for the rate limit (default ``time.time``).
 

@@ -91,7 +91,7 @@ class Delivery:
             self.backends.histograms(self.histograms, step, grouped)
 
     def alert(self, title: str, text: str, level: int) -> None:
-        """Send an alert to the backends that can reach a person (:meth:`Fanout.alert`), on the writing rank."""
+        """Send an alert to the backends that can reach a person (:meth:`~monitored_optim.backends.Fanout.alert`), on the writing rank."""
         if self.writes():
             self.backends.alert(title, text, level)
 

@@ -38,10 +38,15 @@ from .._warnings import Once
 from .base import Family
 
 WINDOW = 20
+"""Values of each series the median and MAD are taken over: the last ones admitted."""
 MIN_HISTORY = 5
+"""Values a series holds before any of its values may spike."""
 THRESHOLD = 6.0
+"""Robust standard deviations (1.4826 · MAD) above the median a spike must reach."""
 FLOOR = 1.0
+"""The least rise that spikes, in log10: a factor of 10."""
 FIGURES = ("grad_norm", "update_rms_per_lr")
+"""The figures the ``spikes`` family judges for each parameter."""
 
 
 class SpikeRule:
