@@ -95,8 +95,9 @@ class MonitorConfig:
         model: a ``torch.nn.Module`` to watch (same as ``opt.monitor.watch(model)``): each of its
             trainable parameters that no param group contains is warned about once, and parameters
             that a param group holds without a name (bare tensors, as nanoGPT's and the Hugging
-            Face Trainer's groups hold them) are named as ``model.named_parameters()`` names them.
-            Not saved when the optimizer is pickled.
+            Face Trainer's groups hold them) are named as ``model.named_parameters()`` names them,
+            less the wrappers' parts (DDP's ``module.``, FSDP1's ``_fsdp_wrapped_module.``: a wrapped
+            model's layers have the plain model's names). Not saved when the optimizer is pickled.
         params: which parameters are monitored: a glob on parameter names (``fnmatch`` rules,
             ``"transformer.h.3.*"``), a list of globs, where one starting with ``!`` leaves out what
             it matches, or a callable ``(name, param) -> bool``. Default: all. A parameter left out

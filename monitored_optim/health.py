@@ -18,6 +18,7 @@ import torch
 
 from ._warnings import Once, warn
 from .alerts import Voice
+from .models import own_named_parameters
 
 STALE_AFTER = 3
 """Consecutive logging steps a parameter with a gradient may stay exactly unchanged (or a parameter
@@ -92,10 +93,13 @@ class Health:
         """Warn once about each trainable parameter of ``model`` that is not in ``params`` (those the
         optimizer steps).
 
-        Returns the names (as ``model.named_parameters()`` gives them) of the missing parameters.
+        Returns the names (as the plain model inside ``model``'s wrappers gives them) of the missing
+        parameters.
         """
         held = {id(p) for p in params}
-        missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in held]
+        if all(id(p) in held for p in model.parameters() if p.requires_grad):
+            return []
+        missing = [n for n, p in own_named_parameters(model) if p.requires_grad and id(p) not in held]
         self._once("missing", missing, lambda name: (
             f"monitored_optim: trainable parameter {name!r} of the watched model is in no param group of the "
             "optimizer, so it never changes; add it to the optimizer or set requires_grad=False"))

@@ -36,7 +36,7 @@ from .deliver import Delivery
 from .figures import Figures, group_lrs, tensor_lrs
 from .guard import Guard, ran_first
 from .health import Health
-from .models import Models, unwrapped
+from .models import Models
 from .readback import ReadBack
 from .updates import View, view_for
 from .updates.view import bind
@@ -168,9 +168,10 @@ class Monitor(ReadBack):
     def watch(self, model: torch.nn.Module) -> list[str]:
         """Name the optimizer's parameters after ``model``'s, and warn about those it does not hold.
 
-        Parameters that param groups hold without names get the names ``model.named_parameters()``
-        gives them (a tied weight its first name); each trainable parameter of ``model`` that no
-        param group holds is warned about once.
+        Parameters that param groups hold without names get the names the plain model inside
+        ``model``'s wrappers gives them (DDP's ``module.``, ``torch.compile``'s ``_orig_mod.`` left
+        out: :func:`~monitored_optim.models.own_named_parameters`; a tied weight its first name);
+        each trainable parameter of ``model`` that no param group holds is warned about once.
 
         Checked now and again at every logging step (param groups can be added later).
 
@@ -182,7 +183,6 @@ class Monitor(ReadBack):
         """
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"watch() expects a torch.nn.Module, got {type(model).__name__}")
-        model = unwrapped(model)  # torch.compile's wrapper: the model's own names
         self._models.watch(model)
         optimizer, layout = self._optimizer(), self._search.layout
         return [] if optimizer is None else self.health.check_watched(model, layout.model_params(optimizer))

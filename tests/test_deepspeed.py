@@ -376,6 +376,36 @@ def test_attach_to_an_engine_monitors_the_optimizer_deepspeed_built(stage, tmp_p
         assert [json.loads(line)["step"] for line in lines] == list(range(1, STEPS + 1))
 
 
+def _engine_as_model(rank, world, outdir):
+    """The optimizer DeepSpeed builds from its config, attached with the engine given as ``model=``
+    (whose ``named_parameters()`` say ``module.0.weight``), at stages 0 and 2: the names in the tags."""
+    from monitored_optim import attach
+
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    out = {}
+    for stage in (0, 2):
+        net = model()
+        config = {"train_micro_batch_size_per_gpu": BATCH // world, "zero_optimization": {"stage": stage},
+                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}}
+        engine, wrapper, _, _ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
+        assert next(iter(dict(engine.named_parameters()))).startswith("module.")
+        attach(wrapper, MonitorConfig(backend="none", every=1, model=engine))
+        x = torch.randn(BATCH // world, 16, generator=torch.Generator().manual_seed(rank))
+        engine.backward(engine(x).square().mean())
+        engine.step()
+        latest = engine.basic_optimizer.monitor.latest
+        out[stage] = {t.split("/", 1)[1] for t in latest if t.startswith("param_norm/")}
+    return out
+
+
+def test_an_engine_given_as_model_gives_the_plain_model_s_names(tmp_path):
+    """``MonitorConfig(model=engine)`` (as accelerate hands the engine on): the tags carry the model's
+    own names, not the engine's ``module.``-prefixed ones, as ``attach(engine)`` and one process do."""
+    plain = {n for n, _ in model().named_parameters()}
+    results = launch(_engine_as_model, 2, tmp_path, deadline=DEADLINE)
+    assert results[0] == results[1] == {0: plain, 2: plain}
+
+
 def _hf_callback(rank, world, outdir, stage, built_by_deepspeed):
     """The HF Trainer with ``deepspeed=`` (a config with an ``"optimizer"`` section or none) and
     ``callbacks=[MonitorCallback()]``, beside the same run without the callback; the gathered truth

@@ -100,15 +100,10 @@ def reference(logdir, **settings) -> dict[int, dict[str, float]]:
     return out
 
 
-def canonical(tag: str) -> str:
-    """A tag with the engines' wrapper prefixes removed, to match the single-process names."""
-    return tag.replace("_fsdp_wrapped_module.", "").replace("/module.", "/")
-
-
 def assert_close_to_reference(got: dict[str, float], want: dict[str, float]) -> dict[str, float]:
-    """Same tags (after :func:`canonical`) and values within the fp32 tolerances; returns the errors
-    (``{"ratio": max abs, "norm": max rel}``)."""
-    got = {canonical(k): v for k, v in got.items() if not k.startswith(COST)}
+    """Same tags (the plain model's names, whatever wraps it) and values within the fp32 tolerances;
+    returns the errors (``{"ratio": max abs, "norm": max rel}``)."""
+    got = {k: v for k, v in got.items() if not k.startswith(COST)}
     want = {k: v for k, v in want.items() if not k.startswith(COST)}
     assert set(got) == set(want), sorted(set(got) ^ set(want))
     err = {"ratio": 0.0, "norm": 0.0}
@@ -260,7 +255,7 @@ def _ddp(rank, world, outdir):
 
 def test_ddp(tmp_path, want):
     results = launch(_ddp, 2, tmp_path)
-    assert any(k.startswith("update_to_data/module.fc1.weight") for k in results[0]["latest"][STEPS])
+    assert "update_to_data/fc1.weight" in results[0]["latest"][STEPS]  # DDP's module. is not in the names
     print("ddp", check(results, want, tmp_path))
 
 
@@ -315,6 +310,44 @@ def test_fsdp1_use_orig_params(tmp_path, want):
     results = launch(_fsdp1, 2, tmp_path)
     assert 0 in results[0]["numels"].values() or 0 in results[1]["numels"].values()  # an empty shard
     print("fsdp1", check(results, want, tmp_path))
+
+
+def _wrapped_names(rank, world, outdir):
+    """One logging step of each wrapped model, its parameters given as the wrapper's
+    ``named_parameters()`` or bare with the wrapper as ``model=``: the names in the tags."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    def fsdp1():
+        return FSDP1(model(), use_orig_params=True, device_id=torch.device("cpu"),
+                     auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
+
+    def checkpointed():
+        net = model()
+        net.fc2 = checkpoint_wrapper(net.fc2)
+        return DDP(net)
+
+    out = {}
+    for label, build in (("ddp", lambda: DDP(model())), ("fsdp1", fsdp1), ("ddp, checkpointed", checkpointed)):
+        for given in ("named_parameters()", "model="):
+            net = build()
+            params, watched = (net.named_parameters(), None) if given == "named_parameters()" else \
+                (net.parameters(), net)
+            opt = Monitored(torch.optim.AdamW)(params, **OPT, monitor=MonitorConfig(backend="none", every=1,
+                                                                                    model=watched))
+            loss_of(net, 1, rank, world).backward()
+            opt.step()
+            out[label, given] = {t.split("/", 1)[1] for t in opt.monitor.latest if t.startswith("param_norm/")}
+    return out
+
+
+def test_ddp_and_fsdp1_give_the_plain_model_s_names(tmp_path):
+    """DDP's ``module.``, FSDP1's ``_fsdp_wrapped_module.`` and activation checkpointing's
+    ``_checkpoint_wrapped_module.`` are not in the tags: the same layer has the same tag on one
+    process and on two."""
+    plain = {n for n, _ in model().named_parameters()}
+    results = launch(_wrapped_names, 2, tmp_path)
+    assert results[0] == results[1]
+    assert {case: sorted(names) for case, names in results[0].items() if names != plain} == {}
 
 
 def _zero(rank, world, outdir, inner: bool):
@@ -592,7 +625,7 @@ _ddp_all_run, _fsdp2_all_run = _with_warnings(_ddp_all), _with_warnings(_fsdp2_a
 
 
 def assert_families_match(got: dict[str, float], want: dict[str, float]) -> None:
-    got = {canonical(k): v for k, v in got.items() if not k.startswith(COST)}
+    got = {k: v for k, v in got.items() if not k.startswith(COST)}
     want = {k: v for k, v in want.items() if not k.startswith(COST)}
     assert set(got) == set(want), sorted(set(got) ^ set(want))
     for tag, value in want.items():
@@ -674,27 +707,26 @@ def _histograms(build):
         from test_histograms import spacing
 
         net, opt, part, parts = build(outdir)
+        plain = net.module if isinstance(net, DDP) else net  # the tags carry the plain model's names
         out = {}
         for step in range(1, STEPS + 1):
             opt.zero_grad()
             loss_of(net, step, part, parts).backward()
             logs = step % EVERY == 0
             if logs:
-                named = list(net.named_parameters())
+                named = list(plain.named_parameters())
                 before = {n: _full(p.detach()).clone() for n, p in named}
                 grads = {n: _full(p.grad).clone() for n, p in named if p.grad is not None}
             opt.step()
             if logs:
                 truth = {}
                 for n, p in named:
-                    truth[f"update_hist/{canonical('/' + n)[1:]}"] = histogram_of(_full(p.detach()) - before[n])
-                    truth[f"param_hist/{canonical('/' + n)[1:]}"] = histogram_of(_full(p.detach()))
+                    truth[f"update_hist/{n}"] = histogram_of(_full(p.detach()) - before[n])
+                    truth[f"param_hist/{n}"] = histogram_of(_full(p.detach()))
                     if n in grads:
-                        truth[f"grad_hist/{canonical('/' + n)[1:]}"] = histogram_of(grads[n])
-                got = {f"{t.split('/', 1)[0]}/{canonical('/' + t.split('/', 1)[1])[1:]}": c
-                       for t, c in opt.monitor.histograms.items()}
-                out[step] = (got, truth, {f"update_hist/{canonical('/' + n)[1:]}": spacing(_full(p.detach()))
-                                          for n, p in named})
+                        truth[f"grad_hist/{n}"] = histogram_of(grads[n])
+                out[step] = (dict(opt.monitor.histograms), truth,
+                             {f"update_hist/{n}": spacing(_full(p.detach())) for n, p in named})
         return out
     return run
 

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from .. import stats
 from .._warnings import Once, warn
-from ..models import unwrapped_name
+from ..models import own_names
 from ..updates import Cloned
 from .rules import LOW_PRECISION, eps as machine_eps
 from .change import Part
@@ -119,9 +119,9 @@ class Flat:
 
 
 def names(optimizer: Stepped, known: dict[int, str] | None = None) -> list[list[str]]:
-    """Each group's ``param_names`` (less the ``_orig_mod`` that a ``torch.compile`` wrapper puts in
-    its module's names: the names the model itself gives), else each parameter's name in ``known``
-    (id -> name from a watched model), else ``param{k}`` numbered across groups.
+    """Each group's ``param_names`` (as the plain model names them, whatever wrapped it when they were
+    taken: :func:`~monitored_optim.models.own_names`), else each parameter's name in ``known`` (id ->
+    name from a watched model), else ``param{k}`` numbered across groups.
 
     A group whose ``param_names`` are not as many as its parameters (an engine replaced them with
     flat buffers of its own, which are none of the named parameters) is named as if it had none.
@@ -133,11 +133,12 @@ def names(optimizer: Stepped, known: dict[int, str] | None = None) -> list[list[
     names: list[list[str]] = []
     seen: set[str] = set()
     k, known = 0, known or {}
-    for i, group in enumerate(optimizer.param_groups):
-        given = group.get("param_names")
-        if given and len(given) != len(group["params"]):  # an engine put buffers of its own in the group
-            given = None
-        own = [unwrapped_name(name) for name in given] if given else [
+    given = [group.get("param_names") if len(group.get("param_names") or ()) == len(group["params"]) else None
+             for group in optimizer.param_groups]  # None: none, or an engine put buffers of its own in the group
+    plain = iter(own_names((n, p) for group, named in zip(optimizer.param_groups, given) if named
+                           for n, p in zip(named, group["params"])))  # one call: at most one scan
+    for i, (group, named) in enumerate(zip(optimizer.param_groups, given)):
+        own = [next(plain) for _ in named] if named else [
             known[id(p)] if id(p) in known else f"param{k + j}" for j, p in enumerate(group["params"])]
         if not seen.isdisjoint(own) or len(set(own)) < len(own):
             own = _unique(own, seen, i)

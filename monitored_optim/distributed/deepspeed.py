@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..models import own_names
 from .held import Held
 
 WRAPPERS = ("FP16_UnfusedOptimizer", "FP16_Optimizer", "BF16_Optimizer", "DeepSpeedZeroOptimizer",
@@ -91,14 +92,15 @@ class Layout:
         known: id -> name of the parameters of watched models.
 
     A parameter is named as its param group named it, else as a watched model or DeepSpeed's
-    engine (``model.named_parameters()``) names it, else ``param{k}``.
+    engine (``model.named_parameters()``) names it, else ``param{k}``: each the plain model's name
+    (:func:`~monitored_optim.models.own_names`).
     """
 
     def __init__(self, wrapper: Any, born: dict[int, str], known: dict[int, str]) -> None:
         self.wrapper = weakref.ref(wrapper)  # the wrapper holds the optimizer, which holds the monitor
         engine = getattr(wrapper, "param_names", None) or getattr(getattr(wrapper, "deepspeed", None),
                                                                   "param_names", None) or {}
-        self._engine = {id(p): name for p, name in engine.items()}
+        self._engine = dict(zip(map(id, engine), own_names((name, p) for p, name in engine.items())))
         self._born, self._known = born, known
         kind = type(wrapper).__name__
         self._flats = {"FP16_UnfusedOptimizer": _unfused, "FP16_Optimizer": _fused, "BF16_Optimizer": _bf16,
