@@ -1,11 +1,11 @@
 """Per-tensor moments on the device, finished in one batch, copied to the host once, and the figures.
 
 Each tensor x is reduced on its device to raw sums when it is added to a :class:`Batch` (centred
-for tensors whose mean dwarfs their spread, such as a LayerNorm weight near 1.0 with std 1e-4,
-uncentred otherwise: :func:`_centred`), :meth:`Batch.finish` turns every row of a logging step into
-``(mean, m2)`` in float64 at once, with ``m2 = sum((x - mean)^2)``, and :meth:`Moments.host` copies them
-with one copy per device. The element count n stays on the host. From a row:
-``std = sqrt(m2 / (n - 1))`` (Bessel's correction, as ``torch.std(correction=1)``) and
+for tensors whose mean dwarfs their spread, such as a LayerNorm weight near 1.0 with std 1e-4, and
+for temporaries, in place; uncentred otherwise: :func:`_centred`), :meth:`Batch.finish` turns every
+row of a logging step into ``(mean, m2)`` in float64 at once, with ``m2 = sum((x - mean)^2)``, and
+:meth:`Moments.host` copies them with one copy per device. The element count n stays on the host.
+From a row: ``std = sqrt(m2 / (n - 1))`` (Bessel's correction, as ``torch.std(correction=1)``) and
 ``||x||_2 = sqrt(m2 + n * mean^2)`` (both terms >= 0: no cancellation). Rows of disjoint parts
 combine as power sums (Chan, Golub & LeVeque 1979), which is what sharded training needs
 (``distributed.py``).
@@ -83,26 +83,6 @@ def _centred(x: Tensor, scratch: bool = False, work: Workspace | None = None) ->
     return torch.stack([mean.double(), total, squares.sqrt()]).to(mean.dtype)
 
 
-def _shifted(x: Tensor) -> Tensor:
-    """Raw sums of a temporary about its first element c: ``(c, sum(x - c), ||x - c||)``, formed in place.
-
-    One pass fewer than :func:`_centred`, and as exact where the spread is tiny next to the mean
-    (an update that moves nearly every element by the same step, as Lion's sign updates do): the
-    rounding of the sums scales with ``(mean - c)^2 / var``, not ``mean^2 / var`` (shifted data,
-    Chan, Golub & LeVeque 1983).
-
-    Returns:
-        Tensor of shape ``(3,)`` in ``x``'s real dtype (float32 for bf16/fp16), on its device.
-    """
-    dense = _dense_real(x)
-    if dense.numel() == 0:
-        return dense.new_zeros(3)
-    flat = dense.reshape(-1)
-    shift = flat[0].clone()
-    flat.sub_(shift)
-    return torch.stack([shift, flat.sum(), _norm(flat)])
-
-
 ROW = 4096
 """Elements per row of :func:`_norm`'s row-wise reduction."""
 
@@ -174,8 +154,9 @@ class Batch:
                 (:attr:`~monitored_optim.reduce.MomentTable.needs_centring`).
             scale: see :data:`Scale`; sums are linear, so the factor is applied when finishing.
             scratch: per tensor (or for all), whether it is a temporary that the sums may
-                overwrite; one that takes no centred pass is summed about its first element
-                (``_shifted``), exact for any spread all the same.
+                overwrite: it takes the centred pass in place whatever ``centre`` says, exact for
+                any spread (sums about another shift c, such as its first element, bring back the
+                float32 rounding of Σ(x - c)^2 times about 1 + (c - mean)^2 / var in m2 and the norm).
             into: per tensor, a slot returned earlier that this tensor is another disjoint part of
                 (its moments are merged into that slot's), or None for a new slot.
 
@@ -186,12 +167,11 @@ class Batch:
         factors = _factor_vector(scale, xs)
         scratch = [scratch] * len(xs) if isinstance(scratch, bool) else list(scratch)
         groups: dict[tuple[torch.device, torch.dtype | None], list[int]] = {}
-        for i, x in enumerate(xs):  # a temporary's sums are taken about a shift, its own first element
+        for i, x in enumerate(xs):  # a temporary is centred in place (exact for any spread)
             groups.setdefault((x.device, None if centre[i] or scratch[i] else _real_dtype(x)), []).append(i)
         for (device, plain), idx in groups.items():
             if plain is None:
-                table = torch.stack([(_centred(xs[i], scratch[i], self.work) if centre[i] else _shifted(xs[i])).double()
-                                     for i in idx])
+                table = torch.stack([_centred(xs[i], scratch[i], self.work).double() for i in idx])
             else:
                 dense = [_dense_real(xs[i]) for i in idx]
                 table = torch.stack([torch.stack([d.sum() for d in dense]), _norms(dense)], 1)
