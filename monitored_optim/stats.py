@@ -1,14 +1,15 @@
-"""Per-tensor moments on the device, finished in one batch, copied to the host once, and the figures.
+"""Per-tensor moments: raw sums on the device, finished as ``(mean, m2)`` and copied to the host once.
 
 Each tensor x is reduced on its device to raw sums when it is added to a :class:`Batch` (centred
 for tensors whose mean dwarfs their spread, such as a LayerNorm weight near 1.0 with std 1e-4, and
 for temporaries, in place; uncentred otherwise: :func:`_centred`), :meth:`Batch.finish` turns every
 row of a logging step into ``(mean, m2)`` in float64 at once, with ``m2 = sum((x - mean)^2)``, and
 :meth:`Moments.host` copies them with one copy per device. The element count n stays on the host.
-From a row: ``std = sqrt(m2 / (n - 1))`` (Bessel's correction, as ``torch.std(correction=1)``) and
+From a row the figures (:class:`~monitored_optim.reduce.MomentTable`) take
+``std = sqrt(m2 / (n - 1))`` (Bessel's correction, as ``torch.std(correction=1)``) and
 ``||x||_2 = sqrt(m2 + n * mean^2)`` (both terms >= 0: no cancellation). Rows of disjoint parts
 combine as power sums (Chan, Golub & LeVeque 1979), which is what sharded training needs
-(``distributed.py``).
+(``monitored_optim/distributed/``).
 """
 
 from __future__ import annotations
