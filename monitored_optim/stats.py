@@ -26,6 +26,9 @@ from torch import Tensor
 if TYPE_CHECKING:
     from .workspace import Workspace
 
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+"""fp16 and bf16: reduced in float32 here; the capture's low-precision kind (:mod:`~monitored_optim.capture.rules`)."""
+
 
 def moments(x: Tensor, scratch: bool = False) -> Tensor:
     """The ``(mean, m2)`` of ``x`` as a float64 tensor of shape ``(2,)`` on ``x``'s device.
@@ -63,7 +66,7 @@ def _centred(x: Tensor, scratch: bool = False, work: Workspace | None = None) ->
     Returns:
         Tensor of shape ``(3,)`` in ``x``'s real dtype (float32 for bf16/fp16), on its device.
     """
-    low = x.dtype in (torch.float16, torch.bfloat16)
+    low = x.dtype in LOW_PRECISION
     dense = x.detach() if low and not x.is_sparse else _dense_real(x)
     if dense.numel() == 0:
         return _dense_real(dense).new_zeros(3)
@@ -382,7 +385,7 @@ def _real_dtype(x: Tensor) -> torch.dtype:
     """The dtype :func:`_dense_real` gives ``x``."""
     if x.is_complex():
         return x.dtype.to_real()
-    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    return torch.float32 if x.dtype in LOW_PRECISION else x.dtype
 
 
 CENTRE_ABOVE = 100.0
@@ -406,7 +409,7 @@ def _dense_real(x: Tensor) -> Tensor:
         x = x.coalesce().to_dense()
     if x.is_complex():
         x = torch.view_as_real(x)
-    if x.dtype in (torch.float16, torch.bfloat16):
+    if x.dtype in LOW_PRECISION:
         x = x.float()
     return x
 
