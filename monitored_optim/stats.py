@@ -54,14 +54,14 @@ def moments(x: Tensor, scratch: bool = False) -> Tensor:
 def _centred(x: Tensor, scratch: bool = False, work: Workspace | None = None) -> Tensor:
     """Centred raw sums of one tensor: ``(mean, sum(x - mean), ||x - mean||)``, two passes; the
     centred values are formed in place when ``scratch`` (``x`` is the caller's temporary), else a
-    slice of :data:`SLICE` elements at a time for a large tensor (no full-size temporary).
+    slice of :data:`PART_ELEMENTS` elements at a time for a large tensor (no full-size temporary).
 
     Centring keeps the spread of a tensor whose mean dwarfs it (a LayerNorm weight near 1.0 with
     std 1e-4), and the sum of the centred values removes the rounding of the float32 mean (the
     shifted-data formulas, Chan, Golub & LeVeque 1983). Uncentred sums ``(sum(x), ||x||)`` lose
     about 1e-7 * mean^2 / var of the variance in float32: :class:`Batch` takes them where
     ``mean^2 / var <= CENTRE_ABOVE``. ``work``: where the centred copy of a tensor of at most
-    :data:`SLICE` elements goes (:meth:`~monitored_optim.workspace.Workspace.one`), else a new tensor.
+    :data:`PART_ELEMENTS` elements goes (:meth:`~monitored_optim.workspace.Workspace.one`), else a new tensor.
 
     Returns:
         Tensor of shape ``(3,)`` in ``x``'s real dtype (float32 for bf16/fp16), on its device.
@@ -71,7 +71,7 @@ def _centred(x: Tensor, scratch: bool = False, work: Workspace | None = None) ->
     if dense.numel() == 0:
         return _dense_real(dense).new_zeros(3)
     in_place = scratch and not low and not x.is_sparse and dense.data_ptr() == x.data_ptr()
-    if in_place or dense.numel() <= SLICE or not dense.is_contiguous():
+    if in_place or dense.numel() <= PART_ELEMENTS or not dense.is_contiguous():
         dense = _dense_real(dense)
         mean = dense.mean()
         centred = dense.sub_(mean) if in_place else (dense - mean if work is None else
@@ -80,7 +80,7 @@ def _centred(x: Tensor, scratch: bool = False, work: Workspace | None = None) ->
     mean = dense.mean(dtype=torch.float32 if low else dense.dtype)
     total = mean.new_zeros((), dtype=torch.float64)
     squares = mean.new_zeros((), dtype=torch.float64)
-    for piece in dense.view(-1).split(SLICE):
+    for piece in dense.view(-1).split(PART_ELEMENTS):
         centred = piece.to(mean.dtype) - mean
         total.add_(centred.sum().double())
         squares.add_(_norm(centred).double().square())
@@ -90,8 +90,10 @@ def _centred(x: Tensor, scratch: bool = False, work: Workspace | None = None) ->
 ROW = 4096
 """Elements per row of :func:`_norm`'s row-wise reduction."""
 
-SLICE = 1 << 18
-"""Elements of a large tensor that :func:`_centred` centres at once (1 MiB of float32)."""
+PART_ELEMENTS = 1 << 18
+"""Elements taken at once, 1 MiB of float32, so that a logging step's temporaries stay a few MiB
+whatever the model's size: the largest part of a parameter the capture rebuilds and reduces at once,
+and the slice of a large tensor that :func:`_centred` centres (or the histograms widen) at once."""
 
 
 def _norm(x: Tensor) -> Tensor:
