@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from .pieces import MAX, MIN, SUM
-from .stats import SLICE
+from .stats import PART_ELEMENTS
 
 LOW, HIGH = -40, 16
 """The smallest and largest magnitude edges: 2**-40 (about 9.1e-13) and 2**16 (65,536)."""
@@ -281,9 +281,9 @@ def _sums(flat: Tensor, work: Any) -> tuple[float, float]:
 
 
 def _wide_slices(flat: Tensor, work: Any) -> Iterator[Tensor]:
-    """``flat``'s non-empty slices of :data:`~monitored_optim.stats.SLICE` elements in float64, each a
+    """``flat``'s non-empty slices of :data:`~monitored_optim.stats.PART_ELEMENTS` elements in float64, each a
     new tensor or ``work``'s ``kept`` buffer (valid until the next slice)."""
-    for piece in (flat,) if flat.numel() <= SLICE else flat.split(SLICE):
+    for piece in (flat,) if flat.numel() <= PART_ELEMENTS else flat.split(PART_ELEMENTS):
         if piece.numel():
             kept = None if work is None else work.named("kept", piece, torch.float64)
             yield piece.to(torch.float64, copy=True) if kept is None else kept.copy_(piece)

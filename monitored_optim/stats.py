@@ -1,14 +1,15 @@
-"""Per-tensor moments on the device, finished in one batch, copied to the host once, and the figures.
+"""Per-tensor moments: raw sums on the device, finished as ``(mean, m2)`` and copied to the host once.
 
 Each tensor x is reduced on its device to raw sums when it is added to a :class:`Batch` (centred
-for tensors whose mean dwarfs their spread, such as a LayerNorm weight near 1.0 with std 1e-4,
-uncentred otherwise: :func:`_centred`), :meth:`Batch.finish` turns every row of a logging step into
-``(mean, m2)`` in float64 at once, with ``m2 = sum((x - mean)^2)``, and :meth:`Moments.host` copies them
-with one copy per device. The element count n stays on the host. From a row:
+for tensors whose mean dwarfs their spread, such as a LayerNorm weight near 1.0 with std 1e-4, and
+for temporaries, in place; uncentred otherwise: :func:`_centred`), :meth:`Batch.finish` turns every
+row of a logging step into ``(mean, m2)`` in float64 at once, with ``m2 = sum((x - mean)^2)``, and
+:meth:`Moments.host` copies them with one copy per device. The element count n stays on the host.
+From a row the figures (:class:`~monitored_optim.reduce.MomentTable`) take
 ``std = sqrt(m2 / (n - 1))`` (Bessel's correction, as ``torch.std(correction=1)``) and
 ``||x||_2 = sqrt(m2 + n * mean^2)`` (both terms >= 0: no cancellation). Rows of disjoint parts
 combine as power sums (Chan, Golub & LeVeque 1979), which is what sharded training needs
-(``distributed.py``).
+(``monitored_optim/distributed/``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from .workspace import Workspace
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+"""fp16 and bf16: reduced in float32 here; the capture's low-precision kind (:mod:`~monitored_optim.capture.rules`)."""
 
 
 def moments(x: Tensor, scratch: bool = False) -> Tensor:
@@ -50,24 +54,24 @@ def moments(x: Tensor, scratch: bool = False) -> Tensor:
 def _centred(x: Tensor, scratch: bool = False, work: Workspace | None = None) -> Tensor:
     """Centred raw sums of one tensor: ``(mean, sum(x - mean), ||x - mean||)``, two passes; the
     centred values are formed in place when ``scratch`` (``x`` is the caller's temporary), else a
-    slice of :data:`SLICE` elements at a time for a large tensor (no full-size temporary).
+    slice of :data:`PART_ELEMENTS` elements at a time for a large tensor (no full-size temporary).
 
     Centring keeps the spread of a tensor whose mean dwarfs it (a LayerNorm weight near 1.0 with
     std 1e-4), and the sum of the centred values removes the rounding of the float32 mean (the
     shifted-data formulas, Chan, Golub & LeVeque 1983). Uncentred sums ``(sum(x), ||x||)`` lose
     about 1e-7 * mean^2 / var of the variance in float32: :class:`Batch` takes them where
     ``mean^2 / var <= CENTRE_ABOVE``. ``work``: where the centred copy of a tensor of at most
-    :data:`SLICE` elements goes (:meth:`~monitored_optim.workspace.Workspace.one`), else a new tensor.
+    :data:`PART_ELEMENTS` elements goes (:meth:`~monitored_optim.workspace.Workspace.one`), else a new tensor.
 
     Returns:
         Tensor of shape ``(3,)`` in ``x``'s real dtype (float32 for bf16/fp16), on its device.
     """
-    low = x.dtype in (torch.float16, torch.bfloat16)
+    low = x.dtype in LOW_PRECISION
     dense = x.detach() if low and not x.is_sparse else _dense_real(x)
     if dense.numel() == 0:
         return _dense_real(dense).new_zeros(3)
     in_place = scratch and not low and not x.is_sparse and dense.data_ptr() == x.data_ptr()
-    if in_place or dense.numel() <= SLICE or not dense.is_contiguous():
+    if in_place or dense.numel() <= PART_ELEMENTS or not dense.is_contiguous():
         dense = _dense_real(dense)
         mean = dense.mean()
         centred = dense.sub_(mean) if in_place else (dense - mean if work is None else
@@ -76,38 +80,20 @@ def _centred(x: Tensor, scratch: bool = False, work: Workspace | None = None) ->
     mean = dense.mean(dtype=torch.float32 if low else dense.dtype)
     total = mean.new_zeros((), dtype=torch.float64)
     squares = mean.new_zeros((), dtype=torch.float64)
-    for piece in dense.view(-1).split(SLICE):
+    for piece in dense.view(-1).split(PART_ELEMENTS):
         centred = piece.to(mean.dtype) - mean
         total.add_(centred.sum().double())
         squares.add_(_norm(centred).double().square())
     return torch.stack([mean.double(), total, squares.sqrt()]).to(mean.dtype)
 
 
-def _shifted(x: Tensor) -> Tensor:
-    """Raw sums of a temporary about its first element c: ``(c, sum(x - c), ||x - c||)``, formed in place.
-
-    One pass fewer than :func:`_centred`, and as exact where the spread is tiny next to the mean
-    (an update that moves nearly every element by the same step, as Lion's sign updates do): the
-    rounding of the sums scales with ``(mean - c)^2 / var``, not ``mean^2 / var`` (shifted data,
-    Chan, Golub & LeVeque 1983).
-
-    Returns:
-        Tensor of shape ``(3,)`` in ``x``'s real dtype (float32 for bf16/fp16), on its device.
-    """
-    dense = _dense_real(x)
-    if dense.numel() == 0:
-        return dense.new_zeros(3)
-    flat = dense.reshape(-1)
-    shift = flat[0].clone()
-    flat.sub_(shift)
-    return torch.stack([shift, flat.sum(), _norm(flat)])
-
-
 ROW = 4096
 """Elements per row of :func:`_norm`'s row-wise reduction."""
 
-SLICE = 1 << 18
-"""Elements of a large tensor that :func:`_centred` centres at once (1 MiB of float32)."""
+PART_ELEMENTS = 1 << 18
+"""Elements taken at once, 1 MiB of float32, so that a logging step's temporaries stay a few MiB
+whatever the model's size: the largest part of a parameter the capture rebuilds and reduces at once,
+and the slice of a large tensor that :func:`_centred` centres (or the histograms widen) at once."""
 
 
 def _norm(x: Tensor) -> Tensor:
@@ -174,8 +160,9 @@ class Batch:
                 (:attr:`~monitored_optim.reduce.MomentTable.needs_centring`).
             scale: see :data:`Scale`; sums are linear, so the factor is applied when finishing.
             scratch: per tensor (or for all), whether it is a temporary that the sums may
-                overwrite; one that takes no centred pass is summed about its first element
-                (``_shifted``), exact for any spread all the same.
+                overwrite: it takes the centred pass in place whatever ``centre`` says, exact for
+                any spread (sums about another shift c, such as its first element, bring back the
+                float32 rounding of Σ(x - c)^2 times about 1 + (c - mean)^2 / var in m2 and the norm).
             into: per tensor, a slot returned earlier that this tensor is another disjoint part of
                 (its moments are merged into that slot's), or None for a new slot.
 
@@ -186,12 +173,11 @@ class Batch:
         factors = _factor_vector(scale, xs)
         scratch = [scratch] * len(xs) if isinstance(scratch, bool) else list(scratch)
         groups: dict[tuple[torch.device, torch.dtype | None], list[int]] = {}
-        for i, x in enumerate(xs):  # a temporary's sums are taken about a shift, its own first element
+        for i, x in enumerate(xs):  # a temporary is centred in place (exact for any spread)
             groups.setdefault((x.device, None if centre[i] or scratch[i] else _real_dtype(x)), []).append(i)
         for (device, plain), idx in groups.items():
             if plain is None:
-                table = torch.stack([(_centred(xs[i], scratch[i], self.work) if centre[i] else _shifted(xs[i])).double()
-                                     for i in idx])
+                table = torch.stack([_centred(xs[i], scratch[i], self.work).double() for i in idx])
             else:
                 dense = [_dense_real(xs[i]) for i in idx]
                 table = torch.stack([torch.stack([d.sum() for d in dense]), _norms(dense)], 1)
@@ -401,7 +387,7 @@ def _real_dtype(x: Tensor) -> torch.dtype:
     """The dtype :func:`_dense_real` gives ``x``."""
     if x.is_complex():
         return x.dtype.to_real()
-    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    return torch.float32 if x.dtype in LOW_PRECISION else x.dtype
 
 
 CENTRE_ABOVE = 100.0
@@ -425,7 +411,7 @@ def _dense_real(x: Tensor) -> Tensor:
         x = x.coalesce().to_dense()
     if x.is_complex():
         x = torch.view_as_real(x)
-    if x.dtype in (torch.float16, torch.bfloat16):
+    if x.dtype in LOW_PRECISION:
         x = x.float()
     return x
 

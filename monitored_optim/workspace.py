@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .updates._shared import PART_ELEMENTS
+from .stats import PART_ELEMENTS
 
 
 class Workspace:

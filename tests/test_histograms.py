@@ -513,7 +513,7 @@ def test_the_extent_is_that_of_the_finite_elements(dtype):
     non-finite ones among them (the CPU's unmasked path and the masked one), where max - min
     overflows, and with none finite; over more than one slice."""
     g = torch.Generator().manual_seed(0)
-    base = torch.randn(H.SLICE + 1000, generator=g, dtype=torch.float64) * 1e-3
+    base = torch.randn(H.PART_ELEMENTS + 1000, generator=g, dtype=torch.float64) * 1e-3
     big = torch.finfo(dtype).max
     cases = [base, torch.cat([base, torch.tensor([math.nan, math.inf, -math.inf])]),
              torch.tensor([big, -big, 1.0]), torch.tensor([math.nan, math.inf])]

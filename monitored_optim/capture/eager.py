@@ -1,6 +1,6 @@
 """The eager routes: per part, the view's snapshot before the step and its stored change after.
 
-The routes ``SNAPSHOT``, ``VIEW`` and ``CLONE`` of :mod:`~monitored_optim.capture.plan`, and the
+The routes ``SNAPSHOT``, ``VIEW`` and ``CLONED`` of :mod:`~monitored_optim.capture.plan`, and the
 ``FUSED_REBUILD`` entries' snapshots: a few ops per part, for every optimizer, dtype and layout.
 The stored changes of one chunk of parts (:func:`chunks`) are alive at once; their sums go to the
 logging step's :class:`~monitored_optim.stats.Batch` and their device pieces to the parameter's entry.
@@ -214,9 +214,9 @@ def record(batch: stats.Batch, entries: list[Entry], kind: str, xs: list[Tensor]
            scale: stats.Scale = None, scratch: bool | list[bool] = False) -> None:
     """Add the sums of ``xs`` (one per entry) to ``batch``, each into its parameter's ``kind`` slot."""
     batch.add(xs, centre, scale, scratch, into=[e.owner.slots[kind] for e in entries])
-    shifted = [scratch] * len(xs) if isinstance(scratch, bool) else scratch  # exact as centred ones
-    for e, flag, shift in zip(entries, centre, shifted):
-        e.owner.centred[kind] = flag or shift
+    temporary = [scratch] * len(xs) if isinstance(scratch, bool) else scratch  # centred in place by the batch
+    for e, flag, own in zip(entries, centre, temporary):
+        e.owner.centred[kind] = flag or own
 
 
 def record_grads(batch: stats.Batch, entries: list[Entry], grad_scale: Tensor | None,

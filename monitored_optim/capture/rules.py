@@ -34,12 +34,10 @@ import torch
 from torch import Tensor
 
 from ..histograms import BITS
+from ..stats import LOW_PRECISION
 
 if TYPE_CHECKING:
     from ..workspace import Workspace
-
-LOW_PRECISION = (torch.float16, torch.bfloat16)
-
 
 RISK_ABOVE = 1e-4
 """:func:`rounding_risk` above which a float32/float64 matrix is snapshotted at the next logging step:

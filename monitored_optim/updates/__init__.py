@@ -20,7 +20,7 @@ A view is a :class:`View` (``view.py``): small methods of ``(group, p, state)`` 
   binds to it (default: the view itself);
 * ``elementwise`` (default False): the view may be handed slices of a parameter (parts, shards);
   ``keeps_grad(group)`` (default True), ``fusable(group)`` (default False) and ``fused(group, params,
-  states)`` (default None): what the compiled capture may do (``monitored_optim/fused.py``).
+  states)`` (default None): what the compiled capture may do (``monitored_optim/capture/fused.py``).
 
 A view is chosen by the optimizer's ``step`` function, never by class name alone: a subclass
 that overrides ``step`` gets the clone fallback, whose figures are true for any optimizer.

@@ -12,10 +12,6 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import _default_to_fused_or_foreach
 
-PART_ELEMENTS = 1 << 18
-"""Largest slice (elements) of a parameter rebuilt and reduced at once: 1 MiB of float32, so a
-logging step's temporaries stay a few MiB whatever the model's size."""
-
 KAPPA_MAX = 2.0
 """Largest condition number κ = D / |D - k| that a weight-decay solve ``u = -(…)/(D - k)`` accepts.
 

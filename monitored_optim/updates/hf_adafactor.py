@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._shared import PART_ELEMENTS
+from ..stats import PART_ELEMENTS
 from .clone import Rows, Scaled, Stores
 from .view import View
 
