@@ -91,7 +91,8 @@ class Delivery:
             self.backends.histograms(self.histograms, step, grouped)
 
     def alert(self, title: str, text: str, level: int) -> None:
-        """Send an alert to the backends that can reach a person (:meth:`~monitored_optim.backends.Fanout.alert`), on the writing rank."""
+        """Send an alert to the backends that can reach a person, on the writing rank
+        (:meth:`~monitored_optim.backends.Fanout.alert`)."""
         if self.writes():
             self.backends.alert(title, text, level)
 
