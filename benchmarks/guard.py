@@ -20,14 +20,13 @@ the monitored iteration without it (``nonfinite`` <= 1.03, ``nonfinite,spikes`` 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import BATCH, SEQ, VOCAB, TinyLM, interleaved  # noqa: E402
+from overhead import TinyLM, tinylm_modes  # noqa: E402
 
 from monitored_optim import Monitored, MonitorConfig  # noqa: E402
 
@@ -38,6 +37,8 @@ TARGETS = [("iteration, guard nonfinite / monitored", "guard nonfinite", 1.03),
            ("iteration, guard nonfinite,spikes / monitored", "guard nonfinite,spikes", 1.05),
            ("iteration, guard with alerts and stop_on / monitored", "guard + alerts + stop_on", None)]
 """(what, mode, target or None): the iteration ratios to ``monitored`` printed."""
+GUARDED: list = []
+"""The guarded optimizers built, whose skips are printed (none in a healthy run)."""
 
 
 def build(mode: str, device: torch.device):
@@ -46,30 +47,20 @@ def build(mode: str, device: torch.device):
     model = TinyLM().to(device)
     if MODES[mode] is None:
         return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
-    return model, Monitored(torch.optim.AdamW)(model.named_parameters(), lr=1e-3, monitor=MonitorConfig(
+    opt = Monitored(torch.optim.AdamW)(model.named_parameters(), lr=1e-3, monitor=MonitorConfig(
         backend="none", every=10, **MODES[mode]))
+    if opt.monitor.guard is not None:
+        GUARDED.append(opt)
+    return model, opt
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--device", default="cpu")
-    args = parser.parse_args()
-    device = torch.device(args.device)
-    torch.set_num_threads(2)
-    built = {mode: build(mode, device) for mode in MODES}
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(0)).to(device)
-    step, it = interleaved(built, tokens, args.rounds)
-    print(f"AdamW on TinyLM, every=10, {device}, {args.rounds} rounds of 10 iterations, torch {torch.__version__}")
-    print(f"{'mode':<26} {'step ms':>8} {'step / plain':>13} {'iteration ms':>13} {'iteration / plain':>18}")
-    for mode in MODES:
-        print(f"{mode:<26} {1e3 * step[mode]:>8.2f} {step[mode] / step['plain']:>13.3f} {1e3 * it[mode]:>13.2f} "
-              f"{it[mode] / it['plain']:>18.3f}")
+    _, it = tinylm_modes(__doc__, MODES, build)
     for what, mode, target in TARGETS:
         ratio = it[mode] / it["monitored"]
         verdict = "" if target is None else f" (target <= {target}: {'met' if ratio <= target else 'NOT met'})"
         print(f"{what}: {ratio:.3f}{verdict}")
-    skipped = [opt.monitor.guard.skipped for mode, (_, opt) in built.items() if mode.startswith("guard")]
+    skipped = [opt.monitor.guard.skipped for opt in GUARDED]
     print(f"steps the guard skipped in these healthy runs: {skipped}")
 
 

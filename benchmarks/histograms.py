@@ -21,14 +21,13 @@ step (fused <= 2.0, eager <= 4.0), and the every=10 iteration with histograms to
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import BATCH, SEQ, VOCAB, TinyLM, interleaved  # noqa: E402
+from overhead import TinyLM, tinylm_modes  # noqa: E402
 
 from monitored_optim import Monitored, MonitorConfig  # noqa: E402
 
@@ -59,20 +58,7 @@ def build(mode: str, device: torch.device):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--device", default="cpu")
-    args = parser.parse_args()
-    device = torch.device(args.device)
-    torch.set_num_threads(2)
-    built = {mode: build(mode, device) for mode in MODES}
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(0)).to(device)
-    step, it = interleaved(built, tokens, args.rounds)
-    print(f"AdamW on TinyLM, {device}, {args.rounds} rounds of 10 iterations, torch {torch.__version__}")
-    print(f"{'mode':<20} {'step ms':>8} {'step / plain':>13} {'iteration ms':>13} {'iteration / plain':>18}")
-    for mode in MODES:
-        print(f"{mode:<20} {1e3 * step[mode]:>8.2f} {step[mode] / step['plain']:>13.3f} {1e3 * it[mode]:>13.2f} "
-              f"{it[mode] / it['plain']:>18.3f}")
+    step, it = tinylm_modes(__doc__, MODES, build)
     times = {"step": step, "iter": it}
     for what, mode, over, kind, target in TARGETS:
         ratio = times[kind][mode] / times[kind][over]

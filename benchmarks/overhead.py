@@ -278,6 +278,28 @@ def interleaved(built: dict, tokens, rounds: int) -> tuple[dict[str, float], dic
             {mode: statistics.median(v) for mode, v in iters.items()})
 
 
+def tinylm_modes(doc: str, modes: dict, build) -> tuple[dict[str, float], dict[str, float]]:
+    """Parse ``--rounds`` and ``--device``, build each of ``modes`` (``build(mode, device)`` -> (model,
+    optimizer)) and time them in :func:`interleaved` rounds on one batch of TinyLM tokens; print the
+    header and each mode's step and iteration time beside ``plain``'s; return the medians (seconds)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    torch.set_num_threads(2)
+    built = {mode: build(mode, device) for mode in modes}
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(0)).to(device)
+    step, it = interleaved(built, tokens, args.rounds)
+    width = max(map(len, modes)) + 2
+    print(f"AdamW on TinyLM, {device}, {args.rounds} rounds of 10 iterations, torch {torch.__version__}")
+    print(f"{'mode':<{width}} {'step ms':>8} {'step / plain':>13} {'iteration ms':>13} {'iteration / plain':>18}")
+    for mode in modes:
+        print(f"{mode:<{width}} {1e3 * step[mode]:>8.2f} {step[mode] / step['plain']:>13.3f} "
+              f"{1e3 * it[mode]:>13.2f} {it[mode] / it['plain']:>18.3f}")
+    return step, it
+
+
 def _sync(t):
     if t.is_cuda:
         torch.cuda.synchronize()
