@@ -271,3 +271,27 @@ def test_lightning_comet_logger_shares_its_experiment(tmp_path, monkeypatch):
     own = {"train_loss", "val_loss"}
     assert sorted((step, name) for step, row in rows.items() for name in row if name in own) == sorted(logged)
     assert {name for _, name in logged} == own
+
+
+def test_trackio_keeps_the_guards_alerts_with_the_run(tmp_path, monkeypatch):
+    """An alert goes to trackio's own ``alert`` of the run the figures go to, read back from its store:
+    one ``skipped`` at WARN and one ``stalled`` at ERROR, their titles and the layer named."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    trackio = TRACKERS["trackio"]
+    trackio.setup(monkeypatch, tmp_path, "guard-alerts")
+    problem = models.mlp()
+    opt = Monitored(torch.optim.AdamW)(problem.groups, lr=1e-2, monitor=MonitorConfig(
+        every=2, backend="trackio", guard="nonfinite", skip_budget=1, alerts="skipped,stalled"))
+    for i in range(5):
+        opt.zero_grad()
+        problem.loss(i).backward()
+        if i >= 2:
+            opt.param_groups[0]["params"][0].grad.view(-1)[0] = float("nan")
+        opt.step()
+    opt.monitor.close()
+    alerts = SQLiteStorage.get_alerts(trackio.project)
+    assert sorted((a["title"], a["level"]) for a in alerts) == [("monitored_optim: skipped at step 3", "warn"),
+                                                                ("monitored_optim: stalled at step 3", "error")]
+    assert all("fc1.weight" in a["text"] or "steps skipped in a row" in a["text"] for a in alerts)
+    trackio.cleanup()
