@@ -89,3 +89,38 @@ def test_a_nan_on_one_rank_is_skipped_by_every_rank(fn, tmp_path):
     assert len(results[0]["alerts"]) == 1 and "skipped at step 3" in results[0]["alerts"][0]
     assert "on another rank" in results[0]["alerts"][0]  # rank 0's own grads were finite
     assert results[1]["alerts"] == []  # one voice: the writing rank's
+
+
+def _spike(rank, world, outdir):
+    """DDP without the guard, a 1e4x grad on every rank's copy of one layer at step 10: the spike is
+    warned about (and told as an event) by the writing rank alone, and counted on both."""
+    import warnings
+
+    records = Records()
+    logging.getLogger("monitored_optim.alerts").addHandler(records)
+    net = DDP(model())
+    opt = Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT, monitor=MonitorConfig(
+        backend="none", every=1, alerts="spikes", stop_on="spikes"))
+    spikes, stops = [], []
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for step in range(1, 13):
+            opt.zero_grad()
+            loss_of(net, step, rank, world).backward()
+            if step == 10:
+                net.module.fc2.weight.grad.mul_(1e4)
+            opt.step()
+            spikes.append(opt.monitor.latest["health/spikes"])
+            stops.append(opt.monitor.should_stop)
+    told = [str(w.message) for w in seen if "spike at step" in str(w.message)]
+    return {"told": told, "spikes": spikes, "stops": stops, "alerts": records.messages}
+
+
+def test_a_spike_under_ddp_is_told_once_by_the_writing_rank(tmp_path):
+    results = launch(_spike, 2, tmp_path)
+    for r in results:
+        assert r["spikes"][9] >= 1.0 and sum(r["spikes"][:9]) == 0
+        assert r["stops"] == [False] * 9 + [True] * 3  # every rank stops at the same step
+    assert len(results[0]["told"]) == 1 and "fc2.weight" in results[0]["told"][0]
+    assert results[1]["told"] == []
+    assert len(results[0]["alerts"]) == 1 and results[1]["alerts"] == []
