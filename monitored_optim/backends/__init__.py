@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from .._warnings import Once, warn
-from . import lock
+from . import rundir
 
 if TYPE_CHECKING:
     from ..histograms import Histogram
@@ -117,7 +117,7 @@ shows the custom-scalars layout it read last, the one of the writer made last, w
 
 
 FILES = ("tensorboard", "jsonl")
-"""The backends that write files in the logdir (a second process writing there is warned about: :mod:`.lock`)."""
+"""The backends that write files in a run directory of the logdir (:mod:`.rundir`: which one)."""
 
 GROUPED = ("tensorboard", "wandb", "mlflow", "trackio", "swanlab", "comet")
 """The backends that get a logging step over the tag budget grouped by depth (dashboards)."""
@@ -126,8 +126,9 @@ GROUPED = ("tensorboard", "wandb", "mlflow", "trackio", "swanlab", "comet")
 class Fanout:
     """The backends of one monitor: opened at the first ``log``, each guarded against failure.
 
-    While file backends are open, the process holds the logdir's lock (:mod:`.lock`), so that a second
-    process writing there is warned about; ``close`` (or the Fanout's collection) lets it go.
+    The file backends write in the run directory that :mod:`.rundir` chooses in the logdir when they are
+    opened (the logdir itself, unless it holds another run), which the process holds locked until ``close``
+    (or the Fanout's collection).
 
     A backend that raises (in its constructor, ``log`` or ``close``: a full disk is ``OSError``
     ENOSPC, a file-size limit EFBIG) is reported once with ``warnings.warn`` naming it and the
@@ -150,6 +151,8 @@ class Fanout:
         self.logdir, self.strict = logdir, strict
         self.sinks = {_sink_name(sink, i): sink for i, sink in enumerate(sinks) if sink not in self.made.values()}
         self._open: dict[str, Backend] | None = None
+        self.where = logdir
+        """The run directory the file backends write in (:meth:`open`)."""
         self._release: weakref.finalize | None = None
         self._told = Once()
 
@@ -182,17 +185,30 @@ class Fanout:
         """
         self._send("histograms", hists, step, compact)
 
-    def _send(self, method: str, sent: dict, step: int, compact: Callable[[], dict] | None) -> None:
-        """``backend.<method>(sent, step)`` on every open backend (opening them the first time),
-        the dashboards getting ``compact()`` instead when it is given; a failing one is dropped."""
+    def open(self, step: int) -> Path:
+        """Open the backends, if they are not open, for a run whose first logging step is ``step``; the run
+        directory the file backends write in (:func:`.rundir.claim`: the logdir, unless it holds another run).
+
+        Example: ``Fanout(("jsonl",), Path("runs/exp1"), strict=False).open(10)`` is ``runs/exp1``, or
+        ``runs/exp1/run2`` where ``runs/exp1/metrics.jsonl`` already holds step 10 or later.
+        """
         if self._open is None:
-            opened = {name: self._guard(name, open_backend, name, self.logdir) for name in self.names}
+            self.where = self.logdir
             if set(FILES) & set(self.names):
-                lock.claim(self.logdir)
-                self._release = weakref.finalize(self, lock.release, self.logdir)
+                self.where = rundir.claim(self.logdir, step)
+                self._release = weakref.finalize(self, rundir.release, self.logdir)
+            opened = {name: self._guard(name, open_backend, name, self.where if name in FILES else self.logdir)
+                      for name in self.names}
             self._open = {name: backend for name, backend in opened.items() if backend is not _FAILED}
             self._open.update(self.made)
             self._open.update({name: _Sink(sink) for name, sink in self.sinks.items()})
+        return self.where
+
+    def _send(self, method: str, sent: dict, step: int, compact: Callable[[], dict] | None) -> None:
+        """``backend.<method>(sent, step)`` on every open backend (opening them the first time),
+        the dashboards getting ``compact()`` instead when it is given; a failing one is dropped."""
+        self.open(step)
+        assert self._open is not None  # opened just now
         grouped = None
         for name, backend in list(self._open.items()):
             action = getattr(backend, method, None)
