@@ -57,6 +57,7 @@ def apart(logdir: Path, start: int, steps: int, into: Path, **options) -> dict[i
 
 
 def rows(run_dir: Path) -> list[dict]:
+    """The rows of ``run_dir``'s ``metrics.jsonl``, in file order."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
