@@ -25,7 +25,8 @@ def parser() -> argparse.ArgumentParser:
                     "ratio, grad-to-data ratio and update norm, with a mark for layers outside the "
                     "healthy band [-4, -2] or with health warnings.")
     report.add_argument("run_dir", metavar="RUN_DIR",
-                        help="the run's logdir (holds metrics.jsonl or events.out.tfevents.* files)")
+                        help="the run's logdir (holds metrics.jsonl or events.out.tfevents.* files); a later run kept "
+                             "apart in it is read by its own path, RUN_DIR/run2")
     report.add_argument("--plot", metavar="FILE.png",
                         help="also save the update-to-data lines of a few parameters (--params) and the global "
                              "norms to this image")

@@ -56,7 +56,8 @@ class Voice:
         tells: whether this process tells (the monitor's ``Delivery.writes``); default: always.
         alerts: the event kinds told as alerts (a subset of :data:`KINDS`).
         stop_on: the event kinds after which ``should_stop`` is True.
-        send: ``send(title, text, level)``, the trackers' alert calls (the monitor's backends), or None.
+        send: ``send(title, text, level, step)``, the trackers' alert calls (the monitor's backends), or
+            None.
         clock: the time in seconds, for the rate limit (default ``time.time``).
 
     Attributes:
@@ -66,7 +67,7 @@ class Voice:
     """
 
     def __init__(self, tells: Callable[[], bool] = lambda: True, alerts: frozenset[str] = frozenset(),
-                 stop_on: frozenset[str] = frozenset(), send: Callable[[str, str, int], None] | None = None,
+                 stop_on: frozenset[str] = frozenset(), send: Callable[[str, str, int, int], None] | None = None,
                  clock: Callable[[], float] | None = None) -> None:
         self.tells, self.alerts, self.stop_on, self.send = tells, alerts, stop_on, send
         self.clock = clock or time.time
@@ -99,7 +100,7 @@ class Voice:
         title, text = _words(kind, step, layers, held)
         LOGGER.log(level, "%s: %s", title, text)
         if self.send is not None:
-            self.send(title[:TITLE], text, level)
+            self.send(title[:TITLE], text, level, step)
 
     def state_dict(self) -> dict[str, Any]:
         """The clocks of the alerts, to resume with (:meth:`load_state_dict`); a stop is not kept (a run

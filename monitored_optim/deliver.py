@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from . import distributed, grouping
 from ._warnings import Once, warn
-from .backends import Fanout, make_logdir
+from .backends import FILES, Fanout, make_logdir
 from .config import Settings
 from .history import History
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from .histograms import Histogram
 
 
@@ -51,7 +53,8 @@ class Delivery:
         if self._writes is not False:  # another rank never writes: no stray (differently timestamped) dirs
             make_logdir(settings.backends, settings.logdir)
         self.backends = Fanout(settings.backends, settings.logdir, settings.strict, settings.sinks)
-        self._described: tuple[str, ...] = ()
+        self._described: tuple[Path, tuple[str, ...]] | None = None
+        """The run directory and parameters ``params.json`` was last written for."""
         self._told_budget = Once()
         check_shared(settings, [other.settings for other in list(_LIVE)])
         _LIVE.add(self)
@@ -65,7 +68,8 @@ class Delivery:
     def send(self, step: int, figures: dict[str, float], roster: Any,
              hists: dict[str, Histogram] | None = None) -> None:
         """Make ``figures`` (tags without the prefix) the ``latest`` of ``step`` and record them; on the
-        writing rank, write ``params.json`` when the parameters changed and send them to the backends.
+        writing rank, write ``params.json`` (in the run directory of the file backends, :mod:`.backends.rundir`) when
+        the parameters changed and send them to the backends.
 
         ``roster``: the step's parameters (``names``, ``shapes``, ``dtypes``); ``hists``: the step's
         histograms, tag (without the prefix) -> histogram (:func:`monitored_optim.histograms.of`), kept
@@ -78,23 +82,23 @@ class Delivery:
         _LIVE.add(self)  # again, after a close()
         if not self.writes():  # under torch.distributed only rank 0 opens and writes backends
             return
-        if tuple(roster.names) != self._described and {"tensorboard", "jsonl"} & set(self.settings.backends):
-            self._described = tuple(roster.names)
+        where = self.backends.open(step)  # the run directory of the file backends
+        if (where, tuple(roster.names)) != self._described and set(FILES) & set(self.settings.backends):
+            self._described = (where, tuple(roster.names))
             from .describe import write_shapes
 
-            write_shapes(self.settings.logdir / "params.json", prefix,
-                         list(zip(roster.names, roster.shapes, roster.dtypes)))
+            write_shapes(where / "params.json", prefix, list(zip(roster.names, roster.shapes, roster.dtypes)))
         over = len(self.latest) + len(self.histograms) > self.settings.tag_budget  # a histogram is a tag too
         self.backends.log(self.latest, step, functools.partial(self._grouped, self.latest) if over else None)
         if self.histograms:
             grouped = functools.partial(grouping.summarize_histograms, self.histograms, prefix) if over else None
             self.backends.histograms(self.histograms, step, grouped)
 
-    def alert(self, title: str, text: str, level: int) -> None:
-        """Send an alert to the backends that can reach a person, on the writing rank
-        (:meth:`~monitored_optim.backends.Fanout.alert`)."""
+    def alert(self, title: str, text: str, level: int, step: int) -> None:
+        """Send an alert of optimizer step ``step`` to the backends that can reach a person, on the
+        writing rank (:meth:`~monitored_optim.backends.Fanout.alert`)."""
         if self.writes():
-            self.backends.alert(title, text, level)
+            self.backends.alert(title, text, level, step)
 
     def _grouped(self, latest: dict[str, float]) -> dict[str, float]:
         """``latest`` grouped by depth for the dashboards (a step over the tag budget); warns once if

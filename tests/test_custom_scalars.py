@@ -33,16 +33,25 @@ class Deep(nn.Module):
         return self.head(x)
 
 
-def train(logdir: Path, **config) -> torch.optim.Optimizer:
-    model = Deep()
+def train(logdir: Path, start: int = 0, prefixes: tuple[str | None, ...] = (None,),
+          **config) -> torch.optim.Optimizer:
+    """Three steps of ``Deep`` with a monitored AdamW per prefix (stepped in turn: a GAN's optimizers), the
+    step axis continuing from ``start``; the last optimizer."""
+    pairs = []
+    for prefix in prefixes:
+        model = Deep()
+        opt = Monitored(torch.optim.AdamW)(model.named_parameters(), lr=1e-2, monitor=MonitorConfig(
+            backend="tensorboard", logdir=logdir, prefix=prefix, **config))
+        opt.monitor.step = start
+        pairs.append((model, opt))
     x = torch.randn(4, 16, 4)
-    opt = Monitored(torch.optim.AdamW)(model.named_parameters(), lr=1e-2, monitor=MonitorConfig(
-        backend="tensorboard", logdir=logdir, **config))
     for i in range(3):
-        opt.zero_grad()
-        model(x[i]).pow(2).mean().backward()
-        opt.step()
-    opt.monitor.close()
+        for model, opt in pairs:
+            opt.zero_grad()
+            model(x[i]).pow(2).mean().backward()
+            opt.step()
+    for _, opt in pairs:
+        opt.monitor.close()
     return opt
 
 
@@ -65,9 +74,8 @@ def lines(port: int, run: str, regexes: list[str]) -> set[str]:
 def test_custom_scalars_tab_has_one_chart_per_series(tmp_path, tensorboard):
     layers = train(tmp_path / "runs" / "layers")
     with pytest.warns(UserWarning, match="tags per logging step even grouped by depth"):
-        grouped = train(tmp_path / "runs" / "grouped", tag_budget=20, prefix="gen")
-    train(tmp_path / "runs" / "shared", prefix="g")
-    train(tmp_path / "runs" / "shared", prefix="d")  # a GAN's two optimizers in one logdir
+        grouped = train(tmp_path / "runs" / "grouped", tag_budget=20, prefixes=("gen",))
+    train(tmp_path / "runs" / "shared", prefixes=("g", "d"))  # a GAN's two optimizers in one logdir
     port = tensorboard(tmp_path / "runs", {"layers", "grouped", "shared"})
     layout = charts(get(port, "/data/plugin/custom_scalars/layout"))  # read with the runs' scalars
     tags = get(port, "/data/plugin/scalars/tags")
@@ -106,7 +114,7 @@ def test_layout_is_written_once_per_event_file(tmp_path):
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
     train(tmp_path / "run")
-    train(tmp_path / "run")  # resumed into the same directory: a second event file
+    train(tmp_path / "run", start=3)  # resumed into the same directory: a second event file
     files = sorted((tmp_path / "run").glob("events.out.tfevents.*"))
     assert len(files) == 2
     for file in files:

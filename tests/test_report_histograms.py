@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from monitored_optim.__main__ import main
+from monitored_optim.backends.jsonl import JsonlBackend
 from monitored_optim.report import load_histograms
 from test_histogram_sinks import send, training
 
@@ -38,7 +39,10 @@ def test_a_cut_last_line_is_skipped_and_a_restart_replaces_the_later_steps(run_d
     path, steps = run_dir
     with open(path / "histograms.jsonl", "a") as file:
         file.write('{"step": 2, "edges": [-65536.0')
-    send(("jsonl",), path, training(1))  # a rerun from step 1 in the same directory
+    backend = JsonlBackend(path)  # a restart from step 1 appended to the file (an optimizer that loads an
+    for step, _, hists in training(1):  # earlier checkpoint as it logs, or a file older than runs kept apart)
+        backend.histograms(hists, step)
+    backend.close()
     read = load_histograms(path)
     assert read.steps == [1] and read.counts["update_hist/h.0.weight"][1] == training(1)[0][2]["update_hist/h.0.weight"]
 

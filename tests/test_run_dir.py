@@ -1,6 +1,7 @@
 """One run directory across processes: a run killed in the middle of a row and resumed stays readable
-(metrics.jsonl and TensorBoard event files); a second live process writing to the directory is warned
-about once, naming the first; a process that ended, even killed, leaves nothing to warn about."""
+(metrics.jsonl and TensorBoard event files); a second live process that would write to the directory writes
+its own run beside it, warned about once, naming the first; a process that ended, even killed, leaves nothing
+to warn about."""
 
 from __future__ import annotations
 
@@ -126,17 +127,18 @@ def test_a_tensorboard_run_killed_mid_record_and_resumed_stays_readable(tmp_path
     (events,) = run.glob("events.out.tfevents.*")
     with open(events, "r+b") as file:
         file.truncate(events.stat().st_size - 10)  # step 3's record cut in the middle
-    resumed = run_child(run, 2, 3, backend="tensorboard,jsonl")
+    resumed = run_child(run, 2, 3, backend="tensorboard,jsonl")  # from its checkpoint at step 2
     assert resumed.returncode == 0, resumed.stderr
-    (tmp_path / "tb").mkdir()
-    for events in run.glob("events.out.tfevents.*"):
-        shutil.copy(events, tmp_path / "tb")
-    from_events, from_jsonl = load_run(tmp_path / "tb"), load_run(run)  # jsonl: step 3 as resumed
-    assert from_events.steps == from_jsonl.steps == [1, 2, 3, 4, 5]
-    assert from_events.series.keys() == from_jsonl.series.keys()
-    for tag, points in from_jsonl.series.items():
-        assert [s for s, _ in from_events.series[tag]] == [s for s, _ in points]
-        assert [v for _, v in from_events.series[tag]] == pytest.approx([v for _, v in points], rel=1e-6)
+    assert "kept apart" in resumed.stderr  # metrics.jsonl holds step 3: the resumed run is written beside it
+    for run_dir, steps in ((run, [1, 2]), (run / "run2", [3, 4, 5])):  # the killed run's step 3 cut in its events
+        (run_dir / "tb").mkdir()
+        for events in run_dir.glob("events.out.tfevents.*"):
+            shutil.copy(events, run_dir / "tb")
+        from_events, from_jsonl = load_run(run_dir / "tb"), load_run(run_dir)
+        assert from_events.steps == steps and from_jsonl.steps == steps + ([3] if run_dir == run else [])
+        assert from_events.series.keys() == from_jsonl.series.keys()
+        for tag, points in from_events.series.items():
+            assert [v for _, v in points] == pytest.approx([from_jsonl.values(tag)[s] for s, _ in points], rel=1e-6)
 
 
 def test_every_cut_of_a_row_is_skipped_and_other_bad_lines_are_errors(tmp_path):
@@ -178,14 +180,17 @@ def test_a_second_process_on_a_run_directory_is_warned_once_naming_the_first(tmp
     run = tmp_path / "run"
     first = start_child(run, 0, 1, "hold")
     assert first.stdout.readline() == "logged\n"
-    second = run_child(run, 0, 2, "two")  # two monitors with prefixes: one warning for the process
+    second = run_child(run, 5, 2, "two")  # two monitors with prefixes: one warning for the process
     _, first_err = first.communicate("", timeout=120)
     after = run_child(run, 1, 1)  # the first has finished: a resumed run, not a second writer
     assert first.returncode == second.returncode == after.returncode == 0, second.stderr + after.stderr
     told = [line for line in second.stderr.splitlines() if SHARED in line]
     assert len(told) == 1, second.stderr
     assert repr(str(run)) in told[0] and f"pid {first.pid} on {socket.gethostname()}" in told[0]
+    assert repr(str(run / "run2")) in told[0]  # its steps would continue the first's, but it is another run
     assert SHARED not in first_err + after.stderr
+    assert [row["step"] for row in rows(run)[0]] == [1, 2]
+    assert [row["step"] for row in rows(run / "run2")[0]] == [6, 6, 7, 7]  # a/ and b/ at each step
 
 
 def test_a_forked_worker_does_not_keep_the_lock_of_a_killed_process(tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from .._warnings import Once, warn
-from . import lock
+from . import rundir
 
 if TYPE_CHECKING:
     from ..histograms import Histogram
@@ -117,7 +117,7 @@ shows the custom-scalars layout it read last, the one of the writer made last, w
 
 
 FILES = ("tensorboard", "jsonl")
-"""The backends that write files in the logdir (a second process writing there is warned about: :mod:`.lock`)."""
+"""The backends that write files in a run directory of the logdir (:mod:`.rundir`: which one)."""
 
 GROUPED = ("tensorboard", "wandb", "mlflow", "trackio", "swanlab", "comet")
 """The backends that get a logging step over the tag budget grouped by depth (dashboards)."""
@@ -126,8 +126,9 @@ GROUPED = ("tensorboard", "wandb", "mlflow", "trackio", "swanlab", "comet")
 class Fanout:
     """The backends of one monitor: opened at the first ``log``, each guarded against failure.
 
-    While file backends are open, the process holds the logdir's lock (:mod:`.lock`), so that a second
-    process writing there is warned about; ``close`` (or the Fanout's collection) lets it go.
+    The file backends write in the run directory that :mod:`.rundir` chooses in the logdir when they are
+    opened (the logdir itself, unless it holds another run), which the process holds locked until ``close``
+    (or the Fanout's collection).
 
     A backend that raises (in its constructor, ``log`` or ``close``: a full disk is ``OSError``
     ENOSPC, a file-size limit EFBIG) is reported once with ``warnings.warn`` naming it and the
@@ -150,6 +151,8 @@ class Fanout:
         self.logdir, self.strict = logdir, strict
         self.sinks = {_sink_name(sink, i): sink for i, sink in enumerate(sinks) if sink not in self.made.values()}
         self._open: dict[str, Backend] | None = None
+        self.where = logdir
+        """The run directory the file backends write in (:meth:`open`)."""
         self._release: weakref.finalize | None = None
         self._told = Once()
         self._mute: set[str] = set()  # backends whose alert call failed
@@ -183,34 +186,46 @@ class Fanout:
         """
         self._send("histograms", hists, step, compact)
 
-    def alert(self, title: str, text: str, level: int) -> None:
+    def alert(self, title: str, text: str, level: int, step: int) -> None:
         """``backend.alert(title, text, level)`` on every open backend that has it (W&B, trackio,
-        Comet, a user's sink with an ``alert`` method), opening them the first time; ``level`` is
-        ``logging.WARNING`` or ``logging.ERROR``. One that fails is warned about once and gets no
-        more alerts; its figures still go to it (``strict``: the exception propagates)."""
-        for name, backend in list(self._opened().items()):
+        Comet, a user's sink with an ``alert`` method), opening them the first time (at ``step``, the
+        optimizer step of the alert, as :meth:`open`); ``level`` is ``logging.WARNING`` or
+        ``logging.ERROR``. One that fails is warned about once and gets no more alerts; its figures
+        still go to it (``strict``: the exception propagates)."""
+        self.open(step)
+        assert self._open is not None  # opened just now
+        for name, backend in list(self._open.items()):
             action = getattr(backend, "alert", None)
             if action is not None and name not in self._mute and self._guard(name, action, title, text, level,
                                                                               what="alerts") is _FAILED:
                 self._mute.add(name)
 
-    def _opened(self) -> dict[str, Backend]:
-        """The open backends, opened the first time (a backend that fails to open is dropped)."""
+    def open(self, step: int) -> Path:
+        """Open the backends, if they are not open, for a run whose first logging step is ``step``; the run
+        directory the file backends write in (:func:`.rundir.claim`: the logdir, unless it holds another run).
+
+        Example: ``Fanout(("jsonl",), Path("runs/exp1"), strict=False).open(10)`` is ``runs/exp1``, or
+        ``runs/exp1/run2`` where ``runs/exp1/metrics.jsonl`` already holds step 10 or later.
+        """
         if self._open is None:
-            opened = {name: self._guard(name, open_backend, name, self.logdir) for name in self.names}
+            self.where = self.logdir
             if set(FILES) & set(self.names):
-                lock.claim(self.logdir)
-                self._release = weakref.finalize(self, lock.release, self.logdir)
+                self.where = rundir.claim(self.logdir, step)
+                self._release = weakref.finalize(self, rundir.release, self.logdir)
+            opened = {name: self._guard(name, open_backend, name, self.where if name in FILES else self.logdir)
+                      for name in self.names}
             self._open = {name: backend for name, backend in opened.items() if backend is not _FAILED}
             self._open.update(self.made)
             self._open.update({name: _Sink(sink) for name, sink in self.sinks.items()})
-        return self._open
+        return self.where
 
     def _send(self, method: str, sent: dict, step: int, compact: Callable[[], dict] | None) -> None:
         """``backend.<method>(sent, step)`` on every open backend (opening them the first time),
         the dashboards getting ``compact()`` instead when it is given; a failing one is dropped."""
-        grouped, opened = None, self._opened()
-        for name, backend in list(opened.items()):
+        self.open(step)
+        assert self._open is not None  # opened just now
+        grouped = None
+        for name, backend in list(self._open.items()):
             action = getattr(backend, method, None)
             if action is None:
                 self._cannot(name, backend, method)
@@ -219,7 +234,7 @@ class Fanout:
             if compact is not None and name in GROUPED:
                 grouped = given = grouped if grouped is not None else compact()
             if self._guard(name, action, given, step) is _FAILED:
-                del opened[name]
+                del self._open[name]
                 try:
                     backend.close()
                 except Exception:  # already reported: it is failing

@@ -15,10 +15,14 @@ Sources and their order:
   written (``EventAccumulator`` keeps tags in insertion order). The sort is stable, so the order is
   reproducible whatever reader version is installed.
 
-Restarts: when a tag is logged at a step not after its previous point (a second run appended to
-the same ``metrics.jsonl``, or a new event file of a rerun in the same directory), that tag's points
-at that step and later are dropped and the new ones kept, as TensorBoard does for out-of-order
-steps ("purge orphaned data", per tag). Writers with disjoint tags in one directory merge.
+Runs apart: a later run whose steps went back below those of the run in a directory is written in a
+directory of its own inside it (``run2``, ``run3``, ...: :mod:`monitored_optim.backends.rundir`);
+:func:`load_run` reads the files of the directory it is given, and ``Run.later`` names those later runs.
+
+Restarts within one directory (an optimizer that loads an earlier checkpoint while it logs, or files written
+before runs were kept apart): when a tag is logged at a step not after its previous point, that tag's points
+at that step and later are dropped and the new ones kept, as TensorBoard does for out-of-order steps
+("purge orphaned data", per tag). Writers with disjoint tags in one directory merge.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..backends.rundir import later_runs
 from ..grouping import STATS
 from ..tags import is_series, split as split_tag
 from .errors import ReportError, quote, reason, require
@@ -58,6 +63,9 @@ class Run:
     kinds: dict[str, str] = field(default_factory=dict)
     """Parameter label -> ``"matrix"`` or ``"vector"``, from the run's ``params.json`` (empty for
     runs without one: older versions, W&B-only runs)."""
+    later: list[Path] = field(default_factory=list)
+    """The later runs kept apart in the run directory's ``run2``, ``run3``, ... (a run whose steps went back
+    below this one's: :mod:`monitored_optim.backends.rundir`), each read by its own path."""
 
     def values(self, tag: str) -> dict[int, float]:
         """The points of ``tag`` as ``{step: value}``; empty when the tag was never logged."""
@@ -66,6 +74,9 @@ class Run:
 
 def load_run(run_dir: str | Path) -> Run:
     """Read the run in ``run_dir``, from ``metrics.jsonl`` if present, else from its event files.
+
+    A later run kept apart in the run directory (``run2``: its steps went back below this one's) is not read
+    with it: ``Run.later`` names it, and ``load_run`` of its path reads it.
 
     Returns:
         The :class:`Run`, with at least one logged step.
@@ -94,6 +105,7 @@ def load_run(run_dir: str | Path) -> Run:
         other = f" (only other writers' tags, such as {quote(next(iter(run.series)))})" if run.series else ""
         raise ReportError(f"{where}: no monitored_optim figures in the {run.source} log{other}; expected {EXPECTED}")
     run.kinds = _read_kinds(path / "params.json")
+    run.later = later_runs(path)
     return run
 
 

@@ -56,10 +56,10 @@ class Summary:
 
 
 def render(summary: Summary, width: int = WIDTH) -> list[RenderableType]:
-    """The report as ``rich`` renderables: a title line (the run, its source and logged steps), the
-    per-parameter table, a note on the window, the latest global figures, and the run-wide ``health/``
-    counts (when the run logged them; non-zero in red), their tags shortened in the middle to fit
-    ``width`` as names are.
+    """The report as ``rich`` renderables: a title line (the run, its source and logged steps), a line
+    naming the later runs kept apart in its directory (if any), the per-parameter table, a note on the
+    window, the latest global figures, and the run-wide ``health/`` counts (when the run logged them;
+    non-zero in red), their tags shortened in the middle to fit ``width`` as names are.
 
     Table columns: ``#`` (layer order), ``parameter`` (shortened in the middle to fit ``width``,
     keeping the layer index and the end: ``tran…11.attn.c_attn.weight``), ``u/d`` median and latest
@@ -84,7 +84,7 @@ def render(summary: Summary, width: int = WIDTH) -> list[RenderableType]:
     while (excess := _width(table) - width) > 0 and room > 12:  # names give way, nothing else
         room = max(12, room - excess)
         table = _table(summary, room)
-    out: list[RenderableType] = [_title(summary, width), table, (
+    out: list[RenderableType] = [_title(summary, width), *_later(summary.run), table, (
         "[dim]u/d: update-to-data ratio, log10(std(update) / std(weights)); g/d: the same for the grad; "
         f"|u|: update norm. Medians over the last {len(window)} logged steps ({span}). The verdict judges a matrix's "
         f"median: healthy band [{HEALTHY_BAND[0]:g}, {HEALTHY_BAND[1]:g}], rule of thumb {REFERENCE:g}. "
@@ -113,6 +113,17 @@ def _title(summary: Summary, width: int) -> Text:
     text.append(about)
     text.no_wrap = True
     return text
+
+
+def _later(run: Run) -> list[str]:
+    """The line that names the later runs kept apart in ``run``'s directory, if it holds any."""
+    from rich.markup import escape
+
+    if not run.later:
+        return []
+    names = ", ".join(path.name for path in run.later)
+    return [f"[yellow]also here, later runs kept apart: {escape(names)}; report one by its path: "
+            f"{escape(str(run.later[-1]))}[/yellow]"]
 
 
 def _pack(title: str, items: list[tuple[str, str]], width: int) -> Text:
