@@ -34,6 +34,7 @@ from .alerts import Voice
 from .capture import closure_of
 from .families.spikes import SpikeRule
 
+
 class Guard:
     """Judges each step's grads before the base step and keeps count of the steps it skipped.
 
