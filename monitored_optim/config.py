@@ -253,6 +253,9 @@ def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = No
         alerts=frozenset() if alerts is None else _parse_kinds(alerts, alerts_src, tuple(KINDS)),
         stop_on=frozenset() if stop_on is None else _parse_kinds(stop_on, stop_src, tuple(KINDS)),
     )
+    if config.skip_budget is not None and not settings.guard:
+        raise ValueError(f"MonitorConfig.skip_budget={config.skip_budget!r} has no effect without the guard: set "
+                         "MonitorConfig(guard='nonfinite') too, or leave skip_budget out")
     found = heard(settings)
     every = {field: getattr(settings, field) & found for field, value in (("alerts", alerts), ("stop_on", stop_on))
              if _is_all(value)}  # 'all': every kind this configuration finds
@@ -458,8 +461,9 @@ def heard(settings: Settings) -> frozenset[str]:
 
 
 def _is_all(value: Any) -> bool:
-    """Whether a kinds setting is ``all``."""
-    return isinstance(value, str) and value.strip().lower() == "all"
+    """Whether a kinds setting is ``all`` (a string, or a list of that one name)."""
+    items = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else []
+    return [str(v).strip().lower() for v in items] == ["all"]
 
 
 def _check_heard(found: frozenset[str], *asked: tuple[str, frozenset[str]]) -> None:
@@ -481,9 +485,11 @@ def _parse_kinds(value: str | Sequence[str], source: str, allowed: tuple[str, ..
     Raises:
         ValueError: an unknown or misspelt kind (naming the nearest), or ``none`` beside others.
     """
-    names = [n.strip().lower() for n in (value.split(",") if isinstance(value, str) else value)]
-    names = [n for n in names if n]
+    items = value.split(",") if isinstance(value, str) else list(value)
     accepted = f"'none'{', all' if allowed != GUARDS else ''} or some of {', '.join(allowed)}"
+    if not all(isinstance(n, str) for n in items):
+        raise ValueError(f"{source}={value!r} is not valid: expected {accepted}, as names (strings)")
+    names = [n for n in (n.strip().lower() for n in items) if n]
     if names in ([], ["none"]):
         return frozenset()
     if names == ["all"] and allowed != GUARDS:

@@ -5,9 +5,9 @@ base step is not called at all, as torch's ``GradScaler`` does with an inf or Na
 parameters, the state, its step counts and ``state_dict()`` stay those of the optimizer that never
 took the step (never an update multiplied by zero: 0 x NaN is NaN). What it judges:
 
-* ``nonfinite``: each grad's L2 norm, NaN or inf where an element is NaN or ±inf (and where it
-  is not finite, the grad's elements themselves, so that a finite grad whose norm overflows its
-  dtype is not taken for a poisoned one);
+* ``nonfinite``: each grad's L2 norm (float32, or float64 for a float64 grad), NaN or inf where an
+  element is NaN or ±inf (and where it is not finite, the grad's elements themselves, so that a
+  finite grad whose norm overflows is not taken for a poisoned one);
 * ``spikes``: log10 of the same norms, judged at every step by the
   ``health/spikes`` rule (:class:`~monitored_optim.families.spikes.SpikeRule`) against the steps
   the guard let through; the values of a skipped step never enter its history, and nothing is
@@ -87,13 +87,18 @@ class Guard:
         """Per grad, whether it holds a NaN or an Inf (bool) and log10 of its L2 norm (float64, a
         column; NaN where the norm is 0), read to the host in one copy.
 
-        One pass: the L2 norm in the grad's dtype is NaN or inf where the grad holds a NaN or an Inf;
-        where it is not finite, the grad itself is asked (``isfinite``), so that a finite grad whose
-        norm overflows (an fp16 norm past 65504) is not taken for a poisoned one."""
+        One pass: the L2 norm (in float32, or float64 for a float64 grad) is NaN or inf where the grad
+        holds a NaN or an Inf; where it is not finite, the grad itself is asked (``isfinite``), so
+        that a finite grad whose norm overflows is not taken for a poisoned one."""
         if not grads:
             return torch.zeros(0, dtype=torch.bool), torch.zeros((0, 1), dtype=torch.float64)
         device = grads[0].device
-        norms = torch.stack([n.to(device) for n in torch._foreach_norm(grads, 2)]).double()
+        low = [g for g in grads if g.dtype != torch.float64]  # fp16 and bf16 norms taken in float32
+        high = [g for g in grads if g.dtype == torch.float64]
+        wide = iter(torch._foreach_norm(low, 2, dtype=torch.float32) if low else ())
+        doubles = iter(torch._foreach_norm(high, 2) if high else ())
+        norms = torch.stack([next(doubles if g.dtype == torch.float64 else wide).to(device, torch.float64)
+                             for g in grads])
         if scale is not None:
             norms = norms / scale.to(device, torch.float64)
         host = norms.cpu()
@@ -105,14 +110,17 @@ class Guard:
 
     def _tell(self, step: int, names: tuple[str, ...], nonfinite: list[bool], spiking: list[bool], x: Tensor,
               verdict: list[bool]) -> None:
-        """The events of skipped step ``step``: what this rank saw of it, and a stall past the budget."""
-        bad = [f"{name} (grad)" for name, hit in zip(names, nonfinite) if hit]
-        high = [f"{name} (grad_norm 10^{v:.2f})" for name, hit, v in zip(names, spiking, x[:, 0].tolist()) if hit]
-        why = " and ".join(w for w, hit in zip(("a NaN or Inf in a grad", "a spiking grad"), verdict) if hit)
-        self.voice.event("skipped", step, [*bad, *high] or [f"{why} on another rank"])
-        if bad:
+        """The events of skipped step ``step``, from the verdict reduced over the ranks (so every rank
+        has the same events, and a stop one asks for is every rank's), naming the layers this rank saw;
+        and a stall past the budget."""
+        bad = [f"{name} (grad)" for name, hit in zip(names, nonfinite) if hit] or ["a grad on another rank"]
+        high = [f"{name} (grad_norm 10^{v:.2f})" for name, hit, v in zip(names, spiking, x[:, 0].tolist()) if hit
+                ] or ["a grad on another rank"]
+        found = [layers for layers, hit in zip((bad, high), verdict) if hit]  # the verdict: the same on every rank
+        self.voice.event("skipped", step, [layer for layers in found for layer in layers])
+        if verdict[0]:
             self.voice.event("nonfinite", step, bad)
-        if high:
+        if verdict[1]:
             self.voice.event("spikes", step, high)
         if self.streak > self.budget:
             self.voice.event("stalled", step, [f"{self.streak} steps skipped in a row"], stop=True)

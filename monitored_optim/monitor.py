@@ -38,7 +38,7 @@ from .guard import Guard, ran_first
 from .health import Health
 from .models import Models
 from .readback import ReadBack
-from .updates import View, view_for
+from .updates import View, raw_step, view_for
 from .updates.view import bind
 from .workspace import Workspace
 
@@ -68,6 +68,7 @@ class Monitor(ReadBack):
         backends.check_installed(self.settings.backends)
         self.view: View = view_for(optimizer_cls)
         self._closure_first = closure_is_first(optimizer_cls)
+        self._closure_runs_first = self._closure_first and raw_step(optimizer_cls).__module__.startswith("torch.optim")
         self._count = StepCount()
         self._told = Once()  # unnamed and unmapped parameters
         self.base_calls = 0
@@ -206,11 +207,15 @@ class Monitor(ReadBack):
                 raise ValueError(NO_GUARD_UNDER_DEEPSPEED)
             return layout.call(optimizer, step_fn, args, kwargs)
         self.base_calls += 1
+        if self.guard is not None:
+            self.guard.last_skipped = False  # until it judges this step (a GradScaler may skip it first)
         if amp.skips(optimizer):  # a fused optimizer under GradScaler
             self.skipped()
             return step_fn(optimizer, *args, **kwargs)
         if self.guard is not None:
-            args, kwargs, loss = ran_first(args, kwargs, self._closure_first)
+            loss = None
+            if self._closure_runs_first:  # torch's own steps call the closure before anything else
+                args, kwargs, loss = ran_first(args, kwargs, self._closure_first)
             if self._guard_skips(optimizer):
                 return loss
         pending = self.begin(optimizer)
@@ -218,11 +223,12 @@ class Monitor(ReadBack):
         self.end(optimizer, pending)
         return out
 
+    @torch.compiler.disable
     def _guard_skips(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether the guard skips this step (counted as a step under ``count="calls"``)."""
         assert self.guard is not None  # run() asks only with the guard on
-        key = tuple(id(p) for group in optimizer.param_groups for p in group["params"])
-        if key != self._guarded[0]:  # param groups changed: name and choose again
+        key = (*(id(p) for group in optimizer.param_groups for p in group["params"]), len(self._models.names))
+        if key != self._guarded[0]:  # param groups or names changed (watch): name and choose again
             every = [(n, p) for group, own in zip(optimizer.param_groups, names(optimizer, self._models.names))
                      for n, p in zip(own, group["params"])]
             self._guarded = key, [(n, p) for n, p in every if self.settings.select(n, p)]

@@ -96,7 +96,7 @@ def twin_run(cls, kwargs, poisoned: dict[int, float], steps: int, closure: bool 
     the ``poisoned`` steps (step -> the value put into one grad element there)."""
     model, twin = net(dtype), net(dtype)
     opt = Monitored(cls)(model.named_parameters(), **kwargs,
-                         monitor=MonitorConfig(backend="none", every=2, **{"guard": "nonfinite", **config}))
+                         monitor=MonitorConfig(**{"backend": "none", "every": 2, "guard": "nonfinite", **config}))
     plain = cls(twin.parameters(), **kwargs)
     skipped = []
     for step in range(1, steps + 1):
@@ -385,6 +385,8 @@ def test_wandb_run_alert_in_offline_mode(monkeypatch, tmp_path):
     (dict(alerts="spikes", figures="norms"), r"needs the 'spikes' figures or guard='spikes'"),
     (dict(skip_budget=0), r"skip_budget=0 is not a valid skip budget"),
     (dict(guard=1), r"MonitorConfig.guard=1 is not valid \(int\)"),
+    (dict(guard=["nonfinite", 1]), r"MonitorConfig.guard=\['nonfinite', 1\] is not valid: expected .* as names"),
+    (dict(skip_budget=3), r"skip_budget=3 has no effect without the guard"),
 ])
 def test_bad_settings_fail_at_construction_naming_the_accepted_values(config, match):
     model = net()
@@ -423,3 +425,119 @@ def test_a_finite_grad_whose_norm_overflows_its_dtype_is_not_skipped():
     p.grad[5] = math.inf
     opt.step()
     assert opt.monitor.step_was_skipped
+
+
+# ----- what a hostile pass found ----------------------------------------------------------------
+
+class SamLike(torch.optim.Optimizer):
+    """A SAM-style optimizer (not torch's own): the user's grads first, then a closure at perturbed weights."""
+
+    def __init__(self, params, lr=0.1, rho=0.05):
+        super().__init__(params, dict(lr=lr, rho=rho))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        eps = [g["rho"] * p.grad / (p.grad.norm() + 1e-12) for g in self.param_groups for p in params]
+        for p, e in zip(params, eps):
+            p.add_(e)
+        with torch.enable_grad():
+            closure()
+        for p, e in zip(params, eps):
+            p.sub_(e)
+            p.add_(p.grad, alpha=-self.defaults["lr"])
+
+
+def test_an_optimizer_that_calls_its_closure_later_is_judged_on_the_grads_it_was_given():
+    """The closure is not run early for a step that is not torch's own (it may perturb the weights
+    first): the guard judges the grads given, and the run is the plain one bit for bit."""
+    model, twin = net(), net()
+    opt = Monitored(SamLike)(model.named_parameters(), monitor=MonitorConfig(backend="none", guard="nonfinite"))
+    plain = SamLike(twin.parameters())
+    for step in range(1, 6):
+        for m, o in ((model, opt), (twin, plain)):
+            o.zero_grad()
+            loss_of(m, step).backward()
+            if step == 3:
+                m[0].weight.grad[0, 0] = math.nan
+            if not (o is plain and step == 3):
+                o.step(lambda m=m, o=o: (o.zero_grad(), loss_of(m, step).backward())[0])
+        assert opt.monitor.step_was_skipped == (step == 3)
+    assert_same(model, opt, twin, plain)
+
+
+def test_a_restored_spike_history_with_no_grad_at_the_next_step():
+    model = net()
+    config = MonitorConfig(backend="none", guard="nonfinite,spikes")
+    opt = Monitored(torch.optim.SGD)(model.named_parameters(), lr=1e-2, monitor=config)
+    for step in range(1, 4):
+        opt.zero_grad()
+        loss_of(model, step).backward()
+        opt.step()
+    new = Monitored(torch.optim.SGD)(net().named_parameters(), lr=1e-2, monitor=config)
+    new.load_state_dict(opt.state_dict())
+    new.step()  # no grads: nothing to judge
+    assert not new.monitor.step_was_skipped
+
+
+def test_fp16_grads_past_65504_rising_by_a_tenth_are_no_spike():
+    p = nn.Parameter(torch.zeros(64, dtype=torch.float16))
+    opt = Monitored(torch.optim.SGD)([("w", p)], lr=1e-9, monitor=MonitorConfig(backend="none",
+                                                                             guard="nonfinite,spikes"))
+    for step in range(12):
+        p.grad = torch.full_like(p, 7.5e3 * (1.1 if step == 11 else 1.0))  # a norm of 6e4, then 6.6e4
+        opt.step()
+        assert not opt.monitor.step_was_skipped, step
+
+
+def test_the_guard_judges_by_the_names_watch_gives():
+    """Bare tensors named by ``watch`` after the first step: a selection by those names is what the guard
+    judges from then on."""
+    model = net()
+    with pytest.warns(Warning) as told:
+        opt = Monitored(torch.optim.SGD)(list(model.parameters()), lr=1e-2, monitor=MonitorConfig(
+            backend="none", guard="nonfinite", params="0.*"))
+        opt.zero_grad()
+        loss_of(model, 1).backward()
+        model[0].weight.grad[0, 0] = math.nan  # not judged: no parameter is selected by its name yet
+        opt.step()
+    assert {"have no names", "matches none"} <= {m for w in told for m in ("have no names", "matches none")
+                                                 if m in str(w.message)}
+    assert not opt.monitor.step_was_skipped
+    opt.monitor.watch(model)
+    opt.zero_grad()
+    loss_of(model, 2).backward()
+    model[0].weight.grad[0, 0] = math.nan
+    opt.step()
+    assert opt.monitor.step_was_skipped
+
+
+def test_step_was_skipped_tells_of_the_last_step_only():
+    model = net()
+    opt = Monitored(torch.optim.SGD)(model.named_parameters(), lr=1e-2,
+                                     monitor=MonitorConfig(backend="none", guard="nonfinite"))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    seen = []
+    for step in range(1, 4):
+        opt.zero_grad()
+        scaler.scale(loss_of(model, step)).backward()
+        if step == 1:
+            model[0].weight.grad[0, 0] = math.nan  # the scaler skips it: the guard never judges it
+        if step == 2:
+            scaler.unscale_(opt)
+            model[0].weight.grad[0, 0] = math.nan  # after unscaling: the guard skips it
+        scaler.step(opt)
+        scaler.update()
+        seen.append(opt.monitor.step_was_skipped)
+    assert seen == [False, True, False]
+
+
+def test_the_report_shows_the_guards_skips(tmp_path):
+    from monitored_optim.report import load_run, summarize
+    from monitored_optim.report.table import to_text
+
+    model, opt, *_ = twin_run(torch.optim.SGD, dict(lr=1e-2), {3: math.nan, 4: math.nan}, 8, backend="jsonl",
+                              logdir=str(tmp_path / "run"))
+    text = to_text(summarize(load_run(tmp_path / "run")))
+    assert opt.monitor.latest["guard/skipped"] == 2.0
+    assert "guard/skipped 2 (2)" in text

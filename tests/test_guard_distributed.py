@@ -32,14 +32,14 @@ class Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def guarded_run(rank: int, world: int, wrap) -> dict:
+def guarded_run(rank: int, world: int, wrap, **config) -> dict:
     """Train a guarded monitored model and its plain twin (which skips the poisoned steps) on this rank's
     half of each batch; return what the rank saw."""
     records = Records()
     logging.getLogger("monitored_optim.alerts").addHandler(records)
     net, twin = wrap(model()), wrap(model())
     opt = Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT, monitor=MonitorConfig(
-        backend="none", every=2, guard="nonfinite", skip_budget=1, alerts="skipped"))
+        **{"backend": "none", "every": 2, "guard": "nonfinite", "skip_budget": 1, "alerts": "skipped", **config}))
     plain = torch.optim.AdamW(twin.parameters(), **OPT)
     skipped, stops = [], []
     for step in range(1, STEPS + 1):
@@ -114,6 +114,22 @@ def _spike(rank, world, outdir):
             stops.append(opt.monitor.should_stop)
     told = [str(w.message) for w in seen if "spike at step" in str(w.message)]
     return {"told": told, "spikes": spikes, "stops": stops, "alerts": records.messages}
+
+
+def _ddp_stop_on_nonfinite(rank, world, outdir):
+    return guarded_run(rank, world, DDP, alerts="nonfinite", stop_on="nonfinite", skip_budget=5)
+
+
+def test_a_nan_only_one_rank_sees_stops_every_rank_and_is_told_by_the_writer(tmp_path):
+    """stop_on and alerts on the guard's nonfinite event follow the verdict every rank shares: rank 1's
+    NaN stops both ranks at step 3, and rank 0, which writes, tells it (naming another rank)."""
+    results = launch(_ddp_stop_on_nonfinite, 2, tmp_path)
+    for rank, r in enumerate(results):
+        assert r["stops"] == [False, False, True, True, True, True], rank
+        assert r["same"] and r["state"], rank
+    assert len(results[0]["alerts"]) == 1 and "nonfinite at step 3" in results[0]["alerts"][0]
+    assert "a grad on another rank" in results[0]["alerts"][0]
+    assert results[1]["alerts"] == []
 
 
 def test_a_spike_under_ddp_is_told_once_by_the_writing_rank(tmp_path):

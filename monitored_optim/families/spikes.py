@@ -67,7 +67,7 @@ class SpikeRule:
         self._row: dict[str, int] = {}
         self._history = torch.full((0, width, WINDOW), math.nan, dtype=torch.float64)
         self._count = torch.zeros((0, width), dtype=torch.long)
-        self._names: tuple[str, ...] = ()
+        self._names: tuple[str, ...] | None = None  # the names last judged (None: none since built or loaded)
         self._rows = torch.zeros(0, dtype=torch.long)  # the table rows of _names
         self._all = True  # _rows is every row in order: the table itself, not a gather of it
 
@@ -107,7 +107,7 @@ class SpikeRule:
         """Continue from what :meth:`state_dict` gave."""
         self._row = {name: i for i, name in enumerate(state["names"])}
         self._history, self._count = state["history"].clone(), state["count"].clone()
-        self._names = ()
+        self._names = None  # rows found again at the next judging
 
     def _past(self) -> tuple[Tensor, Tensor]:
         """The history and counts of the names last judged, in their order."""

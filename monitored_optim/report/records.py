@@ -9,6 +9,8 @@ HEALTHY_BAND = (-4.0, -2.0)
 REFERENCE = -3.0
 HEALTH = "health"
 """Kind of the run-wide health counts (``health/no_grad``, ``health/unchanged``, ...)."""
+GUARD = "guard"
+"""Kind of the guard's run-wide count (``guard/skipped``), shown beside the health counts."""
 
 
 @dataclass(frozen=True)

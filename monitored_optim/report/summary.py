@@ -11,7 +11,7 @@ import statistics
 from ..tags import is_series
 from .errors import ReportError
 from .read import Run, split_tag
-from .records import HEALTH, HEALTHY_BAND, REFERENCE as REFERENCE, Count, Figure, Layer, Param
+from .records import GUARD, HEALTH, HEALTHY_BAND, REFERENCE as REFERENCE, Count, Figure, Layer, Param
 from .table import Summary
 
 def rows_noun(params: list[Param]) -> str:
@@ -79,7 +79,7 @@ def summarize(run: Run, last: int = 20) -> Summary:
                             _in_window(run, param.tag("update_norm"), window))
         layers.append(layer)
     kinds = {tag: parsed[1] for tag in run.series if (parsed := split_tag(tag))}
-    health = {tag: _count(run, tag, window) for tag, kind in kinds.items() if kind == HEALTH}
+    health = {tag: _count(run, tag, window) for tag, kind in kinds.items() if kind in (HEALTH, GUARD)}
     glob = {tag: figure(run, tag, window) for tag, kind in kinds.items() if kind in ("global", "lr")}
     return Summary(run, window, layers, health, glob)
 

@@ -30,8 +30,8 @@ class Summary:
         layers: one :class:`~monitored_optim.report.records.Layer` per parameter in layer order.
         health: the run-wide ``[prefix/]health/`` counts (``health/no_grad``, ``health/unchanged``,
             ``health/nonfinite``, ``health/skipped_steps``: numbers of parameters, or of skipped
-            steps) -> :class:`~monitored_optim.report.records.Count`; empty when the run logged none
-            (runs of older versions).
+            steps; and ``guard/skipped``) -> :class:`~monitored_optim.report.records.Count`; empty
+            when the run logged none (runs of older versions).
         globals: ``[prefix/]global/...`` and ``[prefix/]lr/...`` tags ->
             :class:`~monitored_optim.report.records.Figure`.
     """
@@ -256,9 +256,10 @@ def _norm(value: float | None) -> str:
 
 
 def _health_label(tag: str) -> str:
-    """``health/no_grad`` -> ``no_grad``; ``gen/health/no_grad`` -> ``gen/no_grad``."""
-    prefix, _, rest = split_tag(tag) or ("", "", tag)
-    return prefix + rest
+    """``health/no_grad`` -> ``no_grad``; ``gen/health/no_grad`` -> ``gen/no_grad``; ``guard/skipped``
+    keeps its head."""
+    prefix, head, rest = split_tag(tag) or ("", "health", tag)
+    return prefix + (rest if head == "health" else f"{head}/{rest}")
 
 
 def _health(kind: str, count: Count) -> tuple[str, str]:
