@@ -461,7 +461,7 @@ def test_an_optimizer_that_calls_its_closure_later_is_judged_on_the_grads_it_was
             if step == 3:
                 m[0].weight.grad[0, 0] = math.nan
             if not (o is plain and step == 3):
-                o.step(lambda m=m, o=o: (o.zero_grad(), loss_of(m, step).backward())[0])
+                o.step(lambda m=m, o=o, step=step: (o.zero_grad(), loss_of(m, step).backward())[0])
         assert opt.monitor.step_was_skipped == (step == 3)
     assert_same(model, opt, twin, plain)
 
