@@ -186,6 +186,7 @@ def _sharded(rank, world, outdir, kind: str, engine: str):
         net = DDP(net)
     named = list(net.named_parameters())
     opt = Monitored(CLASSES[kind])(named, lr=1e-3, monitor=MonitorConfig(backend="none"))
+    named = list((net.module if engine == "ddp" else net).named_parameters())  # the model's own names: the tags'
     full = (lambda t: t.full_tensor()) if engine == "fsdp2" else (lambda t: t)
     calls, local = [], {n: tuple(p.to_local().shape) if engine == "fsdp2" else tuple(p.shape) for n, p in named}
     for step in (1, 2):
