@@ -638,7 +638,8 @@ def test_every_family_equals_one_process_on_the_global_batch(engine, tmp_path):
     """``figures="all"``: the state family (state norms, eps-dominated shares, normalized update
     RMS) and the spectral family go through the one collective and equal a single-process run of
     the same global batch. Under FSDP2 every matrix is sharded, so the spectral figures are left out
-    with one warning that says why, from the writing rank; under DDP each rank holds the whole matrix and they are kept."""
+    with one warning that says why, from the writing rank; under DDP each rank holds the whole matrix
+    and they are kept."""
     want = reference(tmp_path / "reference", figures="all")
     assert any(t.startswith("update_spectral/") for t in want[STEPS])
     assert any(t.startswith("state_norm/exp_avg_sq/") for t in want[STEPS])
