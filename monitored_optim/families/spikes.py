@@ -162,7 +162,7 @@ def _values(table: Any, lrs: list[float | None]) -> Tensor:
     """Per parameter, the magnitudes spikes are judged on (:data:`FIGURES`), float64 of shape
     ``(N, 2)``: log10 of the grad norm, and log10 of the update's RMS ``||u|| / sqrt(n)`` less log10
     of its group's lr where that is a known positive float (``lrs``, one per parameter); NaN where a
-    norm is zero (no grad, no update). From the step's :class:`~monitored_optim.reduce.MomentTable`
+    norm is zero (no grad, no update). From the step's :class:`~monitored_optim.hosted.MomentTable`
     (kinds p, grad, u)."""
     sizes = torch.stack([table.norm[:, 1], table.norm[:, 2] / table.n[:, 0].clamp(min=1).sqrt()], 1)
     logs = {lr: math.log10(lr) if lr is not None and lr > 0 else 0.0 for lr in set(lrs)}  # one per group
