@@ -12,6 +12,7 @@ from ._warnings import warn
 from .capture.plan import VIEW, Plan, Planned, route
 from .capture.rules import snapshot_reason
 from .capture.spent import FLAT_LABEL
+from .distributed.held import whole_shape
 from .engine import EngineSteps
 from .updates import elementwise
 
@@ -102,7 +103,7 @@ def _engine_rows(engine: EngineSteps, taken: dict[str, str]) -> list[tuple[str, 
             held.setdefault(name, (h.source, h.local, []))[2].append(str(k))
     rows: list[tuple[str, ...]] = [HEADING]
     for name, (source, local, buffers) in held.items():
-        shape = getattr(source, "ds_shape", None) or source.shape
+        shape = whole_shape(source)
         where = f"in flat buffer{'s' if len(buffers) > 1 else ''} {', '.join(buffers)}"
         rows.append((name, "x".join(map(str, shape)) or "scalar", str(local.dtype).replace("torch.", ""),
                      kind(torch.Size(shape)), f"{taken[name]}, {where}" if name in taken else where))

@@ -51,7 +51,7 @@ from .. import stats
 from .._warnings import Once, warn
 from ..updates import elementwise
 from . import dtensor, fsdp1, replicated, zero
-from .held import Held, is_dtensor, narrow, set_local_grad
+from .held import Held, is_dtensor, narrow, set_local_grad, whole_shape
 from .pipeline import Ranks, Remote
 from .table import Reduced, collective_device
 
@@ -204,8 +204,7 @@ class Sharding:
         h = self._held.get(id(local))
         if h is None:
             return local.shape
-        source = h.source if h.source is not None else h.param
-        return getattr(source, "ds_shape", None) or source.shape
+        return whole_shape(h.source if h.source is not None else h.param)
 
     def _whole(self, local: Tensor) -> bool:
         """Whether :meth:`shape` is the whole parameter's (an FSDP1 shard's shape is its own)."""
