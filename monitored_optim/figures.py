@@ -14,12 +14,11 @@ from itertools import compress
 from typing import Any, Callable
 
 import torch
-from torch import Tensor
 
 from . import families
 from .hosted import Hosted, MomentTable
 from ._warnings import Once, warn
-from .capture.plan import Roster
+from .capture.plan import Roster, Stepped
 from .config import Settings
 from .health import Checks, Health
 from .tags import DEFAULT_FAMILIES, family
@@ -47,7 +46,7 @@ class Figures:
         self._tag_names: tuple[str, ...] = ()  # the names of _tag_list: every _tags of each, in order
         self._tag_list: list[str] = []
 
-    def compute(self, step: int, roster: Roster, hosted: Hosted, optimizer: torch.optim.Optimizer,
+    def compute(self, step: int, roster: Roster, hosted: Hosted, optimizer: Stepped,
                 lrs: list[float | None], groups: list[dict[str, Any]],
                 group_lrs: list[float | None] | None = None) -> dict[str, float]:
         """Every figure of the logging step ``step``.
@@ -147,23 +146,16 @@ def _health_checks(names: list[str], table: MomentTable, held: list[bool] | None
                   frozen or ())
 
 
-def tensor_lrs(optimizer: torch.optim.Optimizer) -> dict[int, Tensor]:
-    """Index -> lr of each param group whose lr is a Tensor, for the logging step's host copy.
-
-    Each is a 1-D float64 tensor of one element on its device."""
-    return {i: group["lr"].detach().reshape(1).double() for i, group in enumerate(optimizer.param_groups)
-            if isinstance(group.get("lr"), Tensor)}
-
-
 def group_lrs(groups: list[dict[str, Any]], read: dict[int, list[float]] | None = None) -> list[float | None]:
     """Each param group's lr as a float: a number as it is, a Tensor lr from ``read`` (its
-    :func:`tensor_lrs` value on the host), None otherwise (``lr=None``, or a Tensor not read)."""
+    :func:`~monitored_optim.reduce.tensor_lrs` value on the host), None otherwise (``lr=None``, or a
+    Tensor not read)."""
     read = read or {}
     return [read[i][0] if i in read else float(group["lr"]) if isinstance(group.get("lr"), (int, float)) else None
             for i, group in enumerate(groups)]
 
 
-def learning_rates(optimizer: torch.optim.Optimizer, lrs: list[float | None]) -> dict[str, float]:
+def learning_rates(optimizer: Stepped, lrs: list[float | None]) -> dict[str, float]:
     """``lr/group{i}`` (or ``lr/{name}``) per param group, from its :func:`group_lrs` ``lrs``."""
     return {f"lr/{_group_label(i, group)}": lr for i, (group, lr) in enumerate(zip(optimizer.param_groups, lrs))
             if lr is not None}

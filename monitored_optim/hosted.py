@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from .stats import CENTRE_ABOVE, RELIABLE_BELOW
+from .stats import CENTRE_ABOVE, KINDS, RELIABLE_BELOW
+
+
+class Centred(Protocol):
+    """A captured parameter's record, as the table reads it (:class:`~monitored_optim.capture.plan.Entry`):
+    per kind of :data:`~monitored_optim.stats.KINDS`, whether its moments were centred (none: all were)."""
+
+    centred: dict[str, bool]
 
 
 @dataclass(frozen=True)
@@ -133,3 +142,19 @@ class MomentTable:
         a, b = std[:, num], std[:, den]
         ok = a.isfinite() & b.isfinite() & (a > 0) & (b > 0)
         return torch.where(ok, (a / b).log10(), math.nan)
+
+
+def table(entries: Sequence[Centred], captured: list[int], counts: Tensor | list[float], pairs: Tensor,
+          present: Tensor) -> MomentTable:
+    """The host moments of a logging step as one table: ``counts``, the entries' element counts;
+    ``pairs``, float64 ``(N, K, 2)`` of ``(mean, m2)`` per kind of :data:`~monitored_optim.stats.KINDS`,
+    zeros where ``present`` (bool ``(N, K)``) says a kind had no values (no grad; no update: the
+    parameter did not move); ``captured``: the indices of the entries not captured flat (only the
+    eager capture's may be uncentred)."""
+    uncentred = None  # every entry centred (the fused capture's); other ranks' parameters after them
+    if any(entries[i].centred for i in captured):
+        flags = [not e.centred.get(kind, True) for e in entries for kind in KINDS]
+        flags += [False] * (len(counts) - len(entries)) * len(KINDS)
+        uncentred = torch.tensor(flags, dtype=torch.bool).reshape(len(counts), len(KINDS))
+    n = torch.as_tensor(counts, dtype=torch.float64).reshape(-1, 1)
+    return MomentTable(n, pairs[..., 0], pairs[..., 1], uncentred, present)
