@@ -5,21 +5,32 @@ call ``optimizer.step()``. :func:`install` wraps that method once per process so
 optimizer learns of the skip (it compares its count of base-step calls before and after); the
 user's loop and the scaler's arithmetic are unchanged. Fused optimizers: the scaler calls
 ``step()`` with ``optimizer.grad_scale`` and ``optimizer.found_inf`` set; the monitor reads them
-itself (:func:`skips`, ``Monitor.run``). Source: ``torch/amp/grad_scaler.py`` (torch 2.13).
+itself (:func:`skips`, :class:`monitored_optim.engine.Alone`). Source: ``torch/amp/grad_scaler.py`` (torch 2.13).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
 _MARK = "_monitored_optim_wrapped"
 
 
-def install() -> None:
-    """Wrap ``torch.amp.GradScaler._maybe_opt_step`` (idempotent; a no-op if torch lacks it)."""
+class Counted(Protocol):
+    """What counts a monitored optimizer's base steps (:class:`monitored_optim.engine.Engine`)."""
+
+    base_calls: int
+
+    def skipped(self) -> None: ...
+
+
+def install(counted: Callable[[torch.optim.Optimizer], Counted | None]) -> None:
+    """Wrap ``torch.amp.GradScaler._maybe_opt_step`` (idempotent; a no-op if torch lacks it).
+
+    ``counted``: what counts an optimizer's base steps, None where it is not monitored."""
     scaler_cls = torch.amp.GradScaler
     original = getattr(scaler_cls, "_maybe_opt_step", None)
     if original is None or getattr(original, _MARK, False):
@@ -27,11 +38,11 @@ def install() -> None:
 
     @functools.wraps(original)
     def _maybe_opt_step(self: Any, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-        monitor = getattr(optimizer, "_monitor", None)
-        calls = monitor.base_calls if monitor is not None else 0
+        counts = counted(optimizer)
+        calls = counts.base_calls if counts is not None else 0
         out = original(self, optimizer, *args, **kwargs)
-        if monitor is not None and monitor.base_calls == calls:
-            monitor.skipped()
+        if counts is not None and counts.base_calls == calls:
+            counts.skipped()
         return out
 
     setattr(_maybe_opt_step, _MARK, True)

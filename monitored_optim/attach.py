@@ -19,7 +19,7 @@ from ._warnings import warn
 from .config import MonitorConfig
 from .distributed.deepspeed import WRAPPERS
 from .monitor import Monitor
-from .monitored import Monitored, _step_count_kept
+from .monitored import Monitored, bind, bound, steps_kept
 
 T = TypeVar("T")
 
@@ -70,8 +70,9 @@ def attach_at(obj: T, config: MonitorConfig | None, steps: int | None, names: to
     after ``names`` (a model that several optimizers share) too."""
     optimizer, wrapper, model = _inside(obj)
     base = type(optimizer)
-    if "_monitor" in vars(optimizer):  # already monitored: one monitor
-        current = optimizer._monitor.config  # type: ignore[attr-defined]
+    already = bound(optimizer)
+    if already is not None:  # already monitored: one monitor
+        current = already.config
         if config is not None and config != current:
             warn(f"monitored_optim: this {base.__name__} is already monitored, with {current!r}; the configuration "
                  "given now is not used (a monitor's configuration is fixed when it is made)", RuntimeWarning)
@@ -84,14 +85,10 @@ def attach_at(obj: T, config: MonitorConfig | None, steps: int | None, names: to
         warn(f"monitored_optim: the {base.__name__}'s step was wrapped before attach() in a way it cannot follow "
              "(a functools.partial's arguments, an object holding the bound method), so the steps taken through "
              "that wrapper are not monitored; attach() before wrapping opt.step", RuntimeWarning)
-    optimizer._monitor = monitor  # type: ignore[attr-defined]
-    counted = _step_count_kept(optimizer, -1)
-    if steps is None and counted < 0 and any(optimizer.state.values()):
-        warn(f"monitored_optim: the {base.__name__} attached has taken steps but keeps no step count, so the "
-             "monitor's x axis starts at step 1; set opt.monitor.step to the steps taken to continue it",
-             RuntimeWarning)
-    monitor.resume_at(steps if steps is not None else max(counted, 0))
-    monitor.attach(optimizer, wrapper, model if model is not None else names)
+    count = steps if steps is not None else steps_kept(
+        optimizer, 0, f"the {base.__name__} attached has taken steps but keeps no step count, so the monitor's x axis "
+        "starts at step 1; set opt.monitor.step to the steps taken to continue it")
+    bind(optimizer, monitor, count, model=model if model is not None else names, wrapper=wrapper)
     return obj
 
 
@@ -106,10 +103,11 @@ def monitor_of(obj: Any) -> Monitor:
         ValueError: the optimizer it holds is not monitored.
     """
     optimizer = _inside(obj)[0]
-    if "_monitor" not in vars(optimizer):
+    monitor = bound(optimizer)
+    if monitor is None:
         raise ValueError(f"the {type(optimizer).__name__} in {type(obj).__name__} is not monitored: "
                          "monitored_optim.attach() it, or build it from Monitored(cls)")
-    return optimizer._monitor  # type: ignore[attr-defined]  # set on the instance by attach() or Monitored
+    return monitor
 
 
 def _inside(obj: Any) -> tuple[torch.optim.Optimizer, Any, torch.nn.Module | None]:

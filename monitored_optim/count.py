@@ -41,6 +41,17 @@ class StepCount:
         self.step = _valid(step)
         self.logged = min(self.logged, step)
 
+    def took(self) -> int:
+        """Count a step taken; returns the count."""
+        self.step += 1
+        return self.step
+
+    def skipped(self, count: str) -> None:
+        """Count a step skipped (by an AMP GradScaler, DeepSpeed or the guard) where ``count``
+        (``MonitorConfig.count``) is ``"calls"``: every call of ``step()`` counts."""
+        if count == "calls":
+            self.step += 1
+
     def logs_next(self, every: int) -> bool:
         """Whether the next step is a logging step (``step % every == 0`` after it)."""
         return not (self.step + 1) % every

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -12,11 +12,30 @@ from ._warnings import warn
 from .capture.plan import VIEW, Plan, Planned, route
 from .capture.rules import snapshot_reason
 from .capture.spent import FLAT_LABEL
-from .engine import EngineSteps
-from .updates import elementwise
+from .distributed.held import whole_shape
+from .capture import Capture
+from .config import Settings
+from .distributed.deepspeed import Layout
+from .updates import View, elementwise
 
 
-def describe(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, str]) -> str:
+class Described(Protocol):
+    """What :func:`describe` reads of a monitor's :class:`~monitored_optim.engine.Engine`."""
+
+    view: View
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def capture(self) -> Capture: ...
+
+    @property
+    def layout(self) -> Layout | None:
+        """DeepSpeed's layout, where its wrapper steps the optimizer (None: the optimizer steps itself)."""
+
+
+def describe(monitor: Described, optimizer: torch.optim.Optimizer, known: dict[int, str]) -> str:
     """The param groups with their hyperparameters, then one row per parameter: name, shape,
     dtype, kind (matrix: ndim >= 2; vector), and how its update is captured and why.
 
@@ -38,7 +57,7 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, st
     no copy), with ``(k of N parts)`` where only some parts did.
 
     Args:
-        monitor: the :class:`~monitored_optim.monitor.Monitor`.
+        monitor: the monitor's :class:`~monitored_optim.engine.Engine`.
         optimizer: its optimizer.
         known: id -> name of the parameters of watched models.
 
@@ -54,10 +73,10 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, st
         lines.append(f"  group {i} ({len(group['params'])} parameters): {hyper}")
     last = monitor.capture.spent.last
     taken = {} if last is None else last.routes
-    engine = monitor._search.layout
-    if isinstance(engine, EngineSteps):
-        rows = _engine_rows(engine, taken)
-        lines.append(f"stepped by DeepSpeed's {type(engine.layout.wrapper()).__name__}: the model's parameters in "
+    layout = monitor.layout
+    if layout is not None:
+        rows = _engine_rows(layout, taken)
+        lines.append(f"stepped by DeepSpeed's {type(layout.wrapper()).__name__}: the model's parameters in "
                      "its flat buffers")
     else:
         rows = _rows(monitor, optimizer, known, taken)
@@ -70,7 +89,7 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, st
     return "\n".join(lines)
 
 
-def _rows(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, str],
+def _rows(monitor: Described, optimizer: torch.optim.Optimizer, known: dict[int, str],
           taken: dict[str, str]) -> list[tuple[str, ...]]:
     """The table of :func:`describe`, its heading first: one row per parameter of ``optimizer``, its
     capture the route ``taken`` at the last logging step, or the plan's."""
@@ -92,17 +111,17 @@ def _rows(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, str],
     return rows
 
 
-def _engine_rows(engine: EngineSteps, taken: dict[str, str]) -> list[tuple[str, ...]]:
+def _engine_rows(layout: Layout, taken: dict[str, str]) -> list[tuple[str, ...]]:
     """The table of :func:`describe` under DeepSpeed, its heading first: one row per model parameter in
     the wrapper's flat buffers (its whole shape, the dtype of the fp32 fragments the optimizer steps),
     its capture the route ``taken`` at the last logging step."""
     held: dict[str, tuple[Any, torch.Tensor, list[str]]] = {}  # name -> its parameter, a fragment, its buffers
-    for k, (group, fragments) in enumerate(engine.layout.groups()):
+    for k, (group, fragments) in enumerate(layout.groups()):
         for name, h in zip(group["param_names"], fragments):
             held.setdefault(name, (h.source, h.local, []))[2].append(str(k))
     rows: list[tuple[str, ...]] = [HEADING]
     for name, (source, local, buffers) in held.items():
-        shape = getattr(source, "ds_shape", None) or source.shape
+        shape = whole_shape(source)
         where = f"in flat buffer{'s' if len(buffers) > 1 else ''} {', '.join(buffers)}"
         rows.append((name, "x".join(map(str, shape)) or "scalar", str(local.dtype).replace("torch.", ""),
                      kind(torch.Size(shape)), f"{taken[name]}, {where}" if name in taken else where))
@@ -143,7 +162,7 @@ def write_shapes(path: Path, prefix: str, params: list[tuple[str, torch.Size, to
         warn(f"monitored_optim: cannot write {str(path)!r} ({type(err).__name__}: {err})", RuntimeWarning)
 
 
-def _route(monitor: Any, plan: Plan, item: Planned, way: str | None) -> str:
+def _route(monitor: Described, plan: Plan, item: Planned, way: str | None) -> str:
     """The capture column of one planned parameter (see :func:`describe`)."""
     p = item.p
     if not (p.is_floating_point() or p.is_complex()):

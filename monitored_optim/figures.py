@@ -1,6 +1,6 @@
 """The figures of a logging step, from its host values: per parameter, global, lr, health, families.
 
-:class:`Figures` turns the step's :class:`~monitored_optim.reduce.Hosted` values (one row per
+:class:`Figures` turns the step's :class:`~monitored_optim.hosted.Hosted` values (one row per
 parameter, :class:`~monitored_optim.capture.plan.Roster` order) into the flat ``{tag: value}``
 dict that the backends get. Every value it sends is finite; a figure that is undefined (a ratio of
 a zero spread) is left out. Tags are those of :mod:`monitored_optim.tags`.
@@ -14,11 +14,11 @@ from itertools import compress
 from typing import Any, Callable
 
 import torch
-from torch import Tensor
 
-from . import families, reduce
+from . import families
+from .hosted import Hosted, MomentTable
 from ._warnings import Once, warn
-from .capture.plan import Roster
+from .capture.plan import Roster, Stepped
 from .config import Settings
 from .health import Checks, Health
 from .tags import DEFAULT_FAMILIES, family
@@ -46,7 +46,7 @@ class Figures:
         self._tag_names: tuple[str, ...] = ()  # the names of _tag_list: every _tags of each, in order
         self._tag_list: list[str] = []
 
-    def compute(self, step: int, roster: Roster, hosted: reduce.Hosted, optimizer: torch.optim.Optimizer,
+    def compute(self, step: int, roster: Roster, hosted: Hosted, optimizer: Stepped,
                 lrs: list[float | None], groups: list[dict[str, Any]],
                 group_lrs: list[float | None] | None = None) -> dict[str, float]:
         """Every figure of the logging step ``step``.
@@ -87,7 +87,7 @@ class Figures:
                 figures["verify/max_rel_error"] = max(errors)
         return figures
 
-    def _per_parameter(self, roster: Roster, hosted: reduce.Hosted, held: list[bool] | None) -> dict[str, float]:
+    def _per_parameter(self, roster: Roster, hosted: Hosted, held: list[bool] | None) -> dict[str, float]:
         """The five of :func:`_tags` (the grad's only where there was one, none undefined or not
         finite) and ``update_lost`` in low precision (0 where ``held``: nothing was meant to move)."""
         table, norm, names = hosted.table, hosted.table.norm, roster.names
@@ -123,7 +123,7 @@ def _tags(name: str) -> tuple[str, ...]:
             f"grad_norm/{name}", f"grad_to_data/{name}")
 
 
-def _health_checks(names: list[str], table: reduce.MomentTable, held: list[bool] | None = None,
+def _health_checks(names: list[str], table: MomentTable, held: list[bool] | None = None,
                    frozen: list[bool] | None = None) -> Checks:
     """The :class:`~monitored_optim.health.Checks` of a logging step from its table: a grad where the
     table has one, unchanged where it had a grad and its update is all zeros (unless ``held``, per
@@ -146,23 +146,16 @@ def _health_checks(names: list[str], table: reduce.MomentTable, held: list[bool]
                   frozen or ())
 
 
-def tensor_lrs(optimizer: torch.optim.Optimizer) -> dict[int, Tensor]:
-    """Index -> lr of each param group whose lr is a Tensor, for the logging step's host copy.
-
-    Each is a 1-D float64 tensor of one element on its device."""
-    return {i: group["lr"].detach().reshape(1).double() for i, group in enumerate(optimizer.param_groups)
-            if isinstance(group.get("lr"), Tensor)}
-
-
 def group_lrs(groups: list[dict[str, Any]], read: dict[int, list[float]] | None = None) -> list[float | None]:
     """Each param group's lr as a float: a number as it is, a Tensor lr from ``read`` (its
-    :func:`tensor_lrs` value on the host), None otherwise (``lr=None``, or a Tensor not read)."""
+    :func:`~monitored_optim.reduce.tensor_lrs` value on the host), None otherwise (``lr=None``, or a
+    Tensor not read)."""
     read = read or {}
     return [read[i][0] if i in read else float(group["lr"]) if isinstance(group.get("lr"), (int, float)) else None
             for i, group in enumerate(groups)]
 
 
-def learning_rates(optimizer: torch.optim.Optimizer, lrs: list[float | None]) -> dict[str, float]:
+def learning_rates(optimizer: Stepped, lrs: list[float | None]) -> dict[str, float]:
     """``lr/group{i}`` (or ``lr/{name}``) per param group, from its :func:`group_lrs` ``lrs``."""
     return {f"lr/{_group_label(i, group)}": lr for i, (group, lr) in enumerate(zip(optimizer.param_groups, lrs))
             if lr is not None}

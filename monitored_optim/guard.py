@@ -23,6 +23,7 @@ the same step and none waits on a collective another skipped.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,7 +32,6 @@ from torch import Tensor
 
 from . import distributed
 from .alerts import Voice
-from .capture import closure_of
 from .families.spikes import SpikeRule
 
 
@@ -56,6 +56,16 @@ class Guard:
         self.skipped = 0
         self.streak = 0
         self.last_skipped = False
+
+    def ahead(self, params: list[tuple[str, Tensor]], args: tuple[Any, ...], kwargs: dict[str, Any],
+              closure: Callable[[], Any] | None, scale: Tensor | None, step: int
+              ) -> tuple[bool, tuple[Any, ...], dict[str, Any], Any]:
+        """Judge optimizer step ``step`` before it is taken: run ``closure``, the one its call passes (None:
+        none; :func:`ran_first`), then whether to skip it (:meth:`skips`) by the grads of ``params`` (name,
+        parameter). Returns the verdict, the call's arguments and the closure's loss (None: no closure)."""
+        args, kwargs, loss = ran_first(args, kwargs, closure)
+        named = [(n, p.grad) for n, p in params if p.grad is not None]
+        return self.skips(named, scale, step), args, kwargs, loss
 
     def skips(self, named: list[tuple[str, Tensor]], scale: Tensor | None, step: int) -> bool:
         """Whether to skip optimizer step ``step`` whose grads are ``named`` (name, grad), scaled by
@@ -137,14 +147,14 @@ class Guard:
             self.rule.load_state_dict(state["rule"])
 
 
-def ran_first(args: tuple[Any, ...], kwargs: dict[str, Any], closure_first: bool
+def ran_first(args: tuple[Any, ...], kwargs: dict[str, Any], closure: Callable[[], Any] | None
               ) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
-    """Run the closure a ``step()`` call passes, if any, so that its grads can be judged before the
-    base step; returns the call's arguments with the closure replaced by one whose first call gives
-    that loss (a later call, LBFGS's, runs the closure again), and the loss (None: no closure).
+    """Run ``closure``, the one a ``step()`` call passes (its ``closure`` keyword, else its first
+    argument; None: none), so that its grads can be judged before the base step; returns the call's
+    arguments with the closure replaced by one whose first call gives that loss (a later call, LBFGS's,
+    runs the closure again), and the loss (None: no closure).
 
     The closure runs under ``torch.enable_grad()``, as torch's optimizers call it."""
-    closure = closure_of(args, kwargs, closure_first)
     if closure is None:
         return args, kwargs, None
     with torch.enable_grad():

@@ -13,8 +13,10 @@ from typing import Any, TypeVar
 
 import torch
 
+from . import amp
 from ._warnings import warn
 from .config import MonitorConfig
+from .engine import Engine
 from .monitor import Monitor
 from .updates import raw_step
 
@@ -76,11 +78,10 @@ def _build(base: type[torch.optim.Optimizer]) -> type:
     def __init__(self, *args: Any, monitor: MonitorConfig | None = None, **kwargs: Any) -> None:
         built = Monitor(monitor, base)  # bad configuration fails before any optimizer work
         base.__init__(self, *args, **kwargs)
-        self._monitor = built
-        built.attach(self)
+        bind(self, built)
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
-        return self.monitor.run(self, raw_step(base), args, kwargs)
+        return self._monitor._engine.run(self, raw_step(base), args, kwargs)
 
     def _get_monitor(self) -> Monitor:
         """The :class:`~monitored_optim.monitor.Monitor` of this optimizer (step count, latest figures)."""
@@ -141,14 +142,9 @@ def _pickling(base: type[torch.optim.Optimizer]) -> tuple[Any, Any]:
         names, acting = state.pop("_monitor_names", []), state.pop("_monitor_acting", {})
         base.__setstate__(self, state)
         if saved:
-            self._monitor = _rebuilt_monitor(config, base)
-            self._monitor.step = count
-            self._monitor.load_acting_state(acting)
-            for group, own in zip(self.param_groups, names):
-                for p, name in zip(group["params"], own):
-                    if name is not None:
-                        self._monitor._models.name(p, name)
-            self._monitor.attach(self)
+            monitor = _rebuilt_monitor(config, base)
+            monitor.load_acting_state(acting)
+            bind(self, monitor, count, names)
 
     return __getstate__, __setstate__
 
@@ -158,8 +154,9 @@ def _state_dicts(base: type[torch.optim.Optimizer]) -> tuple[Any, Any]:
     plain state, and continued from a loaded one."""
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         sd = base.state_dict(self, *args, **kwargs)
-        if "_monitor" in vars(self):  # absent while a base __init__ calls state_dict()
-            sd["monitor"] = {"step": self._monitor.step, **self._monitor.acting_state()}
+        monitor = bound(self)  # None while a base __init__ calls state_dict()
+        if monitor is not None:
+            sd["monitor"] = {"step": monitor.step, **monitor.acting_state()}
         return sd
 
     def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
@@ -172,18 +169,50 @@ def _state_dicts(base: type[torch.optim.Optimizer]) -> tuple[Any, Any]:
             for group, kept in zip(self.param_groups, names):
                 if kept is not None and "param_names" not in group and len(kept) == len(group["params"]):
                     group["param_names"] = kept
-        if "_monitor" in vars(self):
-            if saved:  # the count this class saved: a rollback to it is deliberate, no warning
-                self._monitor.resume_at(int(saved["step"]))
-                self._monitor.load_acting_state(saved)
-            else:
-                self._monitor.step = _step_count_kept(self, self._monitor.step)
-            if not saved and self._monitor.step == 0 and any(self.state.values()):
-                warn("monitored_optim: the loaded state dict has optimizer state but no step count (a plain "
-                     f"{base.__name__} checkpoint keeps none), so the monitor's x axis starts again at step 1; "
-                     "set opt.monitor.step to the step the checkpoint was saved at to continue it", RuntimeWarning)
+        monitor = bound(self)
+        if monitor is not None and saved:  # the count this class saved: a rollback to it is deliberate, no warning
+            monitor.resume_at(int(saved["step"]))
+            monitor.load_acting_state(saved)
+        elif monitor is not None:
+            monitor.step = steps_kept(self, monitor.step, "the loaded state dict has optimizer state but no step "
+                                      f"count (a plain {base.__name__} checkpoint keeps none), so the monitor's x axis "
+                                      "starts again at step 1; set opt.monitor.step to the step the checkpoint was "
+                                      "saved at to continue it")
 
     return state_dict, load_state_dict
+
+
+def bind(optimizer: torch.optim.Optimizer, monitor: Monitor, count: int = 0,
+         saved: list[list[str | None]] | None = None, model: torch.nn.Module | None = None,
+         wrapper: Any = None) -> None:
+    """The one way a monitor is bound to its optimizer, built, unpickled or attached: made its ``opt.monitor``,
+    its count continued from ``count``, its parameters named (``saved``: by position, from a pickle; after
+    ``model`` too), and its engine attached (``wrapper``: the DeepSpeed wrapper that steps it, where known)."""
+    vars(optimizer)["_monitor"] = monitor
+    monitor.resume_at(count)
+    monitor._bind(optimizer, saved, model, wrapper)
+    amp.install(_engine_of)
+
+
+def bound(optimizer: object) -> Monitor | None:
+    """The monitor bound to ``optimizer``, or None: the one place that asks whether it is monitored."""
+    monitor = getattr(optimizer, "__dict__", {}).get("_monitor")
+    return monitor if isinstance(monitor, Monitor) else None
+
+
+def _engine_of(optimizer: torch.optim.Optimizer) -> Engine | None:
+    """The engine that counts ``optimizer``'s base steps, None where it is not monitored."""
+    monitor = bound(optimizer)
+    return None if monitor is None else monitor._engine
+
+
+def steps_kept(optimizer: torch.optim.Optimizer, default: int, unknown: str) -> int:
+    """The steps ``optimizer`` has taken by the count it keeps (its state's, its groups'), else ``default``;
+    where that is 0 but the optimizer has state, warns ``unknown`` (why the x axis starts at step 1)."""
+    count = _step_count_kept(optimizer, default)
+    if count == 0 and any(optimizer.state.values()):
+        warn(f"monitored_optim: {unknown}", RuntimeWarning)
+    return count
 
 
 def _metaclass(meta: type) -> type:

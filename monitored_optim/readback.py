@@ -1,7 +1,7 @@
 """What a monitor shows of its run in a notebook: its plan, its in-memory history, the report's figure and table.
 
 ``ReadBack`` is the part of :class:`~monitored_optim.monitor.Monitor` that reads back (it
-uses the monitor's ``_optimizer``, ``_models``, ``_delivery`` and ``settings``); none of it
+uses the monitor's ``_optimizer``, ``_models``, ``_delivery``, ``_engine`` and ``settings``); none of it
 runs during a step.
 """
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from .config import Settings
     from .deliver import Delivery
+    from .engine import Engine
     from .models import Models
 
 
@@ -28,6 +29,7 @@ class ReadBack:
     _delivery: Delivery
     _optimizer: Callable[[], torch.optim.Optimizer | None]
     _models: Models
+    _engine: Engine
 
     @property
     def latest(self) -> dict[str, float]:
@@ -56,7 +58,7 @@ class ReadBack:
         optimizer = self._optimizer()
         if optimizer is None:
             raise RuntimeError("monitored_optim: the optimizer of this monitor no longer exists")
-        return describe(self, optimizer, self._models.names)
+        return describe(self._engine, optimizer, self._models.names)
 
     def history(self) -> Any:
         """The figures of the logging steps kept in memory, as a pandas ``DataFrame``.

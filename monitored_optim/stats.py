@@ -5,7 +5,7 @@ for tensors whose mean dwarfs their spread, such as a LayerNorm weight near 1.0 
 for temporaries, in place; uncentred otherwise: :func:`_centred`), :meth:`Batch.finish` turns every
 row of a logging step into ``(mean, m2)`` in float64 at once, with ``m2 = sum((x - mean)^2)``, and
 :meth:`Moments.host` copies them with one copy per device. The element count n stays on the host.
-From a row the figures (:class:`~monitored_optim.reduce.MomentTable`) take
+From a row the figures (:class:`~monitored_optim.hosted.MomentTable`) take
 ``std = sqrt(m2 / (n - 1))`` (Bessel's correction, as ``torch.std(correction=1)``) and
 ``||x||_2 = sqrt(m2 + n * mean^2)`` (both terms >= 0: no cancellation). Rows of disjoint parts
 combine as power sums (Chan, Golub & LeVeque 1979), which is what sharded training needs
@@ -157,7 +157,7 @@ class Batch:
         Args:
             xs: floating or complex tensors of any shapes and devices (see :func:`moments`).
             centre: per tensor, whether to take the centred pass
-                (:attr:`~monitored_optim.reduce.MomentTable.needs_centring`).
+                (:attr:`~monitored_optim.hosted.MomentTable.needs_centring`).
             scale: see :data:`Scale`; sums are linear, so the factor is applied when finishing.
             scratch: per tensor (or for all), whether it is a temporary that the sums may
                 overwrite: it takes the centred pass in place whatever ``centre`` says, exact for
@@ -417,5 +417,5 @@ def _dense_real(x: Tensor) -> Tensor:
 
 
 KINDS = ("p", "grad", "u")
-"""The kinds of a logging step's :class:`~monitored_optim.reduce.MomentTable`, in its columns: p_before,
+"""The kinds of a logging step's :class:`~monitored_optim.hosted.MomentTable`, in its columns: p_before,
 its grad, its update."""

@@ -64,10 +64,10 @@ def _run(tmp_path, stage: int, precision: str, monitored: bool, built: bool = Fa
         x, y = torch.randn(BATCH, 16, generator=g), torch.randn(BATCH, 5, generator=g)
         engine.backward((engine(x.to(dtype)).float() - y).square().mean())
         before, grads = full(net, stage, wrapper), full(net, stage, wrapper, grads=True)
-        calls = opt.monitor.base_calls if monitored else 0
+        calls = opt.monitor._engine.base_calls if monitored else 0
         engine.step()
         if monitored:
-            out["calls"].append(opt.monitor.base_calls - calls)
+            out["calls"].append(opt.monitor._engine.base_calls - calls)
             out["steps"].append(opt.monitor.step)
             out["rows"].append((truth(before, full(net, stage, wrapper), grads), dict(opt.monitor.latest)))
     out["final"] = full(net, stage, wrapper)

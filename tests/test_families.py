@@ -237,7 +237,7 @@ def test_describe_says_how_each_parameter_is_captured():
 def _table_of(names, figures):
     """A moment table whose grad norms and update RMSs are ``figures``' (two elements of mean 0 per
     parameter, p's std 1; a missing grad norm a zero one)."""
-    from monitored_optim.reduce import MomentTable
+    from monitored_optim.hosted import MomentTable
 
     m2 = torch.tensor([[1.0, figures.get(f"grad_norm/{name}", 0.0) ** 2, 2 * figures[f"update_rms/{name}"] ** 2]
                        for name in names], dtype=torch.float64)

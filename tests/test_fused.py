@@ -82,7 +82,7 @@ def test_fused_capture_on_a_model_matches_truth_and_trajectory(setup, tmp_path):
     _train(plain_model, cls(plain_model.parameters(), **kwargs), 4, check=False)
     for a, b in zip(model.parameters(), plain_model.parameters()):
         assert torch.equal(a, b)
-    assert not opt.monitor.capture.fused.fuser._failed
+    assert not opt.monitor._engine.capture.fused.fuser._failed
 
 
 VIEWS = {"aten::select", "aten::as_strided", "aten::unsqueeze", "aten::view", "aten::reshape", "aten::slice",
@@ -135,7 +135,7 @@ def test_a_failing_compiler_warns_once_and_runs_the_fused_capture_eagerly(tmp_pa
         with pytest.warns(RuntimeWarning, match="compiling the fused capture failed") as caught:
             _train(model, opt, 3, check=True)
     assert sum("compiling the fused capture failed" in str(w.message) for w in caught) == 1
-    assert opt.monitor.capture.fused.fuser._failed
+    assert opt.monitor._engine.capture.fused.fuser._failed
     torch._dynamo.reset()
 
 
@@ -148,7 +148,7 @@ def test_compile_off_and_auto_on_cpu_keep_the_eager_capture(tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             _train(model, opt, 2, check=True)
-        assert opt.monitor.capture.fused.fuser._compiled == {}
+        assert opt.monitor._engine.capture.fused.fuser._compiled == {}
 
 
 class DecayIntoGrad(torch.optim.SGD):

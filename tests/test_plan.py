@@ -92,16 +92,16 @@ def test_the_layout_is_kept_while_the_parameters_stay_the_same_and_rebuilt_when_
     opt = Monitored(torch.optim.SGD)(named, lr=1e-2, monitor=MonitorConfig(
         backend="none", logdir=tmp_path, params=lambda name, p: name in chosen))
     _logged_step(opt, named, gen)
-    first = opt.monitor.capture.plan
+    first = opt.monitor._engine.capture.plan
     _logged_step(opt, named, gen)
-    assert opt.monitor.capture.plan is first
+    assert opt.monitor._engine.capture.plan is first
     change, rebuilt = CHANGES[change]
     named, no_grad = change(opt, named, gen, chosen)
     _logged_step(opt, named, gen, no_grad)
-    assert (opt.monitor.capture.plan is not first) == rebuilt
-    kept = opt.monitor.capture.plan
+    assert (opt.monitor._engine.capture.plan is not first) == rebuilt
+    kept = opt.monitor._engine.capture.plan
     _logged_step(opt, named, gen, no_grad)
-    assert opt.monitor.capture.plan is kept
+    assert opt.monitor._engine.capture.plan is kept
 
 
 def test_names_given_by_watch_after_the_first_logging_step_rebuild_the_layout(tmp_path):

@@ -106,7 +106,7 @@ def test_the_last_record_holds_no_tensor_of_its_step(tmp_path):
     named = [("w", nn.Parameter(torch.randn(64, 100)))]
     opt = Monitored(torch.optim.SGD)(named, lr=1e-3, monitor=MonitorConfig(backend="none", every=1, logdir=tmp_path))
     _stepped(opt, named, steps=1)
-    assert opt.monitor.capture.spent.last.key() is None
+    assert opt.monitor._engine.capture.spent.last.key() is None
 
 
 @pytest.mark.parametrize("at", ["start", "end"])

@@ -1,4 +1,4 @@
-"""stats.Batch and reduce.MomentTable against float64 references computed here with plain torch."""
+"""stats.Batch and hosted.MomentTable against float64 references computed here with plain torch."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from monitored_optim import reduce, stats
+from monitored_optim import hosted, stats
 
 
 def reference(x: torch.Tensor, factor: float = 1.0) -> tuple[float, float]:
@@ -95,7 +95,7 @@ def test_a_centred_layernorm_weight_keeps_its_std():
     batch = stats.Batch()
     slot, = batch.add([x], [True])
     mean, m2 = batch.finish()[slot].tolist()
-    table = reduce.MomentTable(torch.tensor([[float(x.numel())]], dtype=torch.float64),
+    table = hosted.MomentTable(torch.tensor([[float(x.numel())]], dtype=torch.float64),
                               torch.tensor([[mean]], dtype=torch.float64), torch.tensor([[m2]], dtype=torch.float64))
     assert table.std.item() == pytest.approx(x.double().std().item(), rel=1e-5)
 
@@ -107,12 +107,12 @@ def test_moment_table_leaves_out_the_std_that_uncentred_sums_lost():
     mean = torch.tensor([[1.0], [1.0], [0.0], [0.0]], dtype=torch.float64)
     m2 = torch.tensor([[1e-3], [1e-3], [0.0], [0.0]], dtype=torch.float64)  # var 1e-6: mean^2/var = 1e6
     uncentred = torch.tensor([[True], [False], [True], [True]])
-    table = reduce.MomentTable(n, mean, m2, uncentred)
+    table = hosted.MomentTable(n, mean, m2, uncentred)
     std = table.std[:, 0].tolist()
     assert math.isnan(std[0]) and std[1] == pytest.approx(math.sqrt(1e-3 / 999)) and std[2] == 0.0
     assert table.needs_centring[:, 0].tolist() == [True, True, True, True]
     assert table.norm[:, 0].tolist() == pytest.approx([math.sqrt(1e-3 + 1000), math.sqrt(1e-3 + 1000), 0.0, 0.0])
-    ratio = reduce.MomentTable(n[:2], torch.tensor([[0.0, 1.0]] * 2, dtype=torch.float64),
+    ratio = hosted.MomentTable(n[:2], torch.tensor([[0.0, 1.0]] * 2, dtype=torch.float64),
                               torch.tensor([[4.0, 1.0], [0.0, 1.0]], dtype=torch.float64)).log10_ratio(0, 1)
     assert ratio[0].item() == pytest.approx(math.log10(2.0)) and math.isnan(ratio[1].item())
 

@@ -77,4 +77,4 @@ def test_a_logging_step_never_calls_back_up(optimizer, figures):
         step()
     found, entered = climbs(step)
     assert found == []
-    assert {"monitor", "capture.__init__", "reduce", "figures", "deliver"} <= entered  # the walk saw the step
+    assert {"engine", "flow", "capture.__init__", "reduce", "figures", "deliver"} <= entered  # the walk saw the step

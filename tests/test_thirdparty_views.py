@@ -102,7 +102,8 @@ def _step_beside_plain(opt, plain, named, plain_named, gen: torch.Generator, ste
             p.grad = 1e-2 * torch.randn(p.shape, generator=gen)
             q.grad = p.grad.clone()
             if cloned is not None:
-                assert isinstance(opt.monitor.view.before(opt.param_groups[0], p, opt.state[p]), Cloned) == cloned
+                view = opt.monitor._engine.view
+                assert isinstance(view.before(opt.param_groups[0], p, opt.state[p]), Cloned) == cloned
         before, grads = truth.snapshot(named)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -121,7 +122,7 @@ def test_figures_equal_clone_truth_and_trajectory_is_the_plain_optimizers(case, 
     plain_named = [(n, torch.nn.Parameter(p.detach().clone())) for n, p in named]
     opt = _build(case, named, lr, MonitorConfig(backend="none", logdir=tmp_path))
     plain = _build(case, plain_named, lr, None)
-    assert type(opt.monitor.view).__name__ == CASES[case][3]
+    assert type(opt.monitor._engine.view).__name__ == CASES[case][3]
     _step_beside_plain(opt, plain, named, plain_named, gen)
     assert_state_dicts_equal(opt.state_dict(), plain.state_dict())
 
@@ -151,7 +152,7 @@ def test_view_is_named_cuts_large_parameters_and_verifies(case, tmp_path):
     opt = _build(case, named, VERIFY_LR.get(case, 1e-3), MonitorConfig(backend="none", verify=True, logdir=tmp_path))
     rows = {line.split()[0]: line for line in opt.monitor.describe().splitlines()[-2:]}
     view = CASES[case][3]
-    sliced = rf"view \({view}\), in \d+ slices$" if opt.monitor.view.elementwise else rf"view \({view}\)$"
+    sliced = rf"view \({view}\), in \d+ slices$" if opt.monitor._engine.view.elementwise else rf"view \({view}\)$"
     assert rows["w"].endswith(f"view ({view})") and re.search(sliced, rows["big"]), rows
     for _ in range(STEPS):
         latest, before, grads = _logged_step(opt, named, gen)
@@ -159,7 +160,7 @@ def test_view_is_named_cuts_large_parameters_and_verifies(case, tmp_path):
         truth.assert_figures_match({k: v for k, v in latest.items() if not k.startswith("verify/")},
                                    _truth(opt, named, before, grads))
     w = named[0][1]
-    snapshot = opt.monitor.view.before(opt.param_groups[0], w, opt.state[w])
+    snapshot = opt.monitor._engine.view.before(opt.param_groups[0], w, opt.state[w])
     assert isinstance(snapshot, Cloned) == (case in CLONED)  # rebuilt, not cloned
 
 
@@ -181,7 +182,7 @@ def test_lion_signs_within_rounding_of_zero_take_a_clone(case, tmp_path):
     m_after = m.lerp(w.grad, 1 - beta2) if case == "optimizer-lion" else m.mul(beta2).add(w.grad, alpha=1 - beta2)
     rebuilt = (m_after.double() * beta1 + (beta2 - beta1) * w.grad.double()).sign()
     assert (rebuilt != c.sign()).sum() > 0  # the rebuild alone would be wrong here
-    assert isinstance(opt.monitor.view.before(opt.param_groups[0], w, opt.state[w]), Cloned)
+    assert isinstance(opt.monitor._engine.view.before(opt.param_groups[0], w, opt.state[w]), Cloned)
     before, grads = truth.snapshot(named)
     opt.step()
     truth.assert_figures_match(opt.monitor.latest, _truth(opt, named, before, grads))
@@ -201,7 +202,7 @@ def test_bitsandbytes_optimizers_the_view_does_not_rebuild_take_a_clone(name, kw
     cls = getattr(bnb.optim, name)
     opt = Monitored(cls)(named, lr=1e-3, **kwargs, monitor=MonitorConfig(backend="none", logdir=tmp_path))
     plain = cls(plain_named, lr=1e-3, **kwargs)
-    assert type(opt.monitor.view).__name__ == "BnbAdamView"
+    assert type(opt.monitor._engine.view).__name__ == "BnbAdamView"
     _step_beside_plain(opt, plain, named, plain_named, gen, cloned=True)
 
 
@@ -217,7 +218,7 @@ def test_prodigy_keeps_two_numbers_and_sees_a_step_that_moved_nothing(tmp_path):
     for grad in (torch.zeros(w.shape), 1e-2 * torch.randn(w.shape, generator=gen)):
         w.grad = grad
         group = opt.param_groups[0]
-        assert opt.monitor.view.before(group, w, opt.state[w]) == (group["d"], group["k"])
+        assert opt.monitor._engine.view.before(group, w, opt.state[w]) == (group["d"], group["k"])
         before, grads = truth.snapshot(named)
         opt.step()
         truth.assert_figures_match(opt.monitor.latest, _truth(opt, named, before, grads))
@@ -239,12 +240,12 @@ def test_schedule_free_keeps_the_replayed_sums_where_its_rebuild_would_miss(tmp_
     w, group = named[0][1], opt.param_groups[0]
     for _ in range(3):
         w.grad = 1e-2 * torch.randn(w.shape, generator=gen)
-        summed = isinstance(opt.monitor.view.before(group, w, opt.state[w]), Summed)
+        summed = isinstance(opt.monitor._engine.view.before(group, w, opt.state[w]), Summed)
         before, grads = truth.snapshot(named)
         opt.step()
         truth.assert_figures_match(opt.monitor.latest, _truth(opt, named, before, grads))
     assert summed  # the third step (w = 1/3)
-    rebuilt = opt.monitor.view.update(group, w, opt.state[w], None)
+    rebuilt = opt.monitor._engine.view.update(group, w, opt.state[w], None)
     stored = (w.detach() - (w.detach() - rebuilt)).double()  # the capture's p_a - fl(p_a - d)
     true = w.detach().double() - before["w"].double()
     assert (stored - true).norm() > 5e-5 * (true - true.mean()).norm()
@@ -283,7 +284,7 @@ def test_first_step_is_rebuilt_without_a_clone(case, init, tmp_path):
     opt = _build(case, named, VERIFY_LR.get(case, 1e-3), MonitorConfig(backend="none", logdir=tmp_path))
     w = named[0][1]
     w.grad = 1e-2 * torch.randn(w.shape, generator=gen)
-    assert not isinstance(opt.monitor.view.before(opt.param_groups[0], w, opt.state[w]), Cloned)
+    assert not isinstance(opt.monitor._engine.view.before(opt.param_groups[0], w, opt.state[w]), Cloned)
     before, grads = truth.snapshot(named)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -305,7 +306,7 @@ def test_schedule_free_parameter_first_stepped_late_is_rebuilt(case, tmp_path):
             p.grad = None if (name == "late" and step == 0) else 1e-2 * torch.randn(p.shape, generator=gen)
         if step == 1:
             assert "z" not in opt.state[late] and opt.param_groups[0]["k"] == 1
-            assert not isinstance(opt.monitor.view.before(opt.param_groups[0], late, opt.state[late]), Cloned)
+            assert not isinstance(opt.monitor._engine.view.before(opt.param_groups[0], late, opt.state[late]), Cloned)
         before, grads = truth.snapshot(named)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -327,7 +328,7 @@ def test_schedule_free_check_decides_alike_in_blocks_and_whole(monkeypatch, tmp_
         named = [("w", torch.nn.Parameter(_initial("normal", (96, 100), gen)))]
         named[0][1].data[:10] = 1.0  # the first block's rows at 1.0, where the rebuild's misses gather
         opt = _build("sf-adamw", named, lr, MonitorConfig(backend="none", logdir=tmp_path))
-        w, group, view = named[0][1], opt.param_groups[0], opt.monitor.view
+        w, group, view = named[0][1], opt.param_groups[0], opt.monitor._engine.view
         for step in range(4):
             w.grad = 1e-2 * torch.randn(w.shape, generator=gen)
             lr_now = view.lr(group)
@@ -421,7 +422,7 @@ def test_schedule_free_figures_from_the_replay_are_the_steps_to_the_last_bit(for
     w = named[0][1]
     for step in range(4):
         w.grad = 1e-2 * torch.randn(w.shape, generator=gen)
-        summed = isinstance(opt.monitor.view.before(opt.param_groups[0], w, opt.state[w]), Summed)
+        summed = isinstance(opt.monitor._engine.view.before(opt.param_groups[0], w, opt.state[w]), Summed)
         before, grads = truth.snapshot(named)
         opt.step()
         want = _truth(opt, named, before, grads)["update_norm/w"]

@@ -147,7 +147,7 @@ def _scaled(u, k):
 def test_registered_correct_view_is_used_without_clone_and_verifies():
     register(SignSGD2, SignView())
     opt = train(SignSGD2, MonitorConfig(backend="none", verify=True))
-    assert isinstance(opt.monitor.view, SignView)
+    assert isinstance(opt.monitor._engine.view, SignView)
     assert opt.monitor.latest["verify/max_rel_error"] < 1e-6
 
 

@@ -154,7 +154,7 @@ def test_a_large_parameter_of_a_third_party_elementwise_view_is_reduced_in_parts
     gen = torch.Generator().manual_seed(0)
     named = [("w", nn.Parameter(torch.randn(SHAPE, generator=gen))), ("b", nn.Parameter(torch.zeros(SHAPE[0])))]
     opt = Monitored(cls)(named, lr=1e-3, monitor=MonitorConfig(backend="none", logdir=tmp_path))
-    view = opt.monitor.view
+    view = opt.monitor._engine.view
     assert view is view_for(cls)
     row = next(line for line in opt.monitor.describe().splitlines() if line.startswith("w "))
     slices = re.search(r"in (\d+) slices", row)
@@ -195,11 +195,11 @@ def _sharded(rank, world, outdir, kind: str, engine: str):
         net(x).tanh().square().mean().backward()
         before = {n: full(p.detach()).clone() for n, p in named}
         grads = {n: full(p.grad).clone() for n, p in named}
-        opt.monitor.view.calls.clear()
+        opt.monitor._engine.view.calls.clear()
         opt.step()
         after = [(n, full(p.detach())) for n, p in named]
         truth.assert_figures_match(opt.monitor.latest, truth.figures(after, before, grads))
-        calls.append(list(opt.monitor.view.calls))
+        calls.append(list(opt.monitor._engine.view.calls))
     return {"calls": calls, "local": local}
 
 

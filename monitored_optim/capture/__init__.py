@@ -33,14 +33,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import reduce, stats
+from .. import stats
 from ..config import Settings, every_parameter
+from ..hosted import Hosted
 from ..updates import CLONE, View, elementwise, raw_step
 from .eager import Eager, chunks, record_grads
 from .fused import Fused, chunk_flat, dense_grad
 from .plan import (CLONED, FUSED_COPY, FUSED_REBUILD, Entries, Entry, Plan, Planned, Roster,
                    Stepped, assign_slots, composition, fingerprint, frozen, names, route)
-from .rules import RiskMemory, shared, snapshot_reason
+from .rules import CentringMemory, RiskMemory, shared, snapshot_reason
 from .spent import FLAT_LABEL, Spent, taken as taken_label
 from .change import PART_ELEMENTS, Part, budget, parts
 
@@ -58,7 +59,7 @@ class Capture:
     def __init__(self, view: View, settings: Settings, families: list[Any], reductions: dict[str, str]) -> None:
         self.view, self.settings = view, settings
         self.risk = RiskMemory()
-        self.centring = reduce.CentringMemory()
+        self.centring = CentringMemory()
         self.eager = Eager(view, settings.verify, families, reductions, self.centring)
         self.fused = Fused(view, settings.compile, self.eager.binned)
         self.budget = PART_ELEMENTS * 4
@@ -254,7 +255,7 @@ class Capture:
             kept = self._roster = dataclasses.replace(kept, frozen=now)
         return kept
 
-    def remember(self, roster: Roster, hosted: reduce.Hosted) -> None:
+    def remember(self, roster: Roster, hosted: Hosted) -> None:
         """After a logging step: the centring and snapshot rules' memories for the next one."""
         table, named = hosted.table, roster.names
         self.centring.update(named, roster.captured, table)  # a flat entry has no decision

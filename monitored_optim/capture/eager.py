@@ -14,12 +14,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import histograms, pieces, reduce, stats
+from .. import histograms, pieces, stats
 from ..families.base import Family
 from ..updates import Cloned, Rows, Summed, View, rebuild
 from ..updates.clone import fetched
 from .plan import Entry
-from .rules import HALF_ULP, LOW_PRECISION, at_powers_of_two, at_powers_of_two_bound
+from .rules import HALF_ULP, LOW_PRECISION, CentringMemory, at_powers_of_two, at_powers_of_two_bound
 from ..workspace import Workspace
 from .change import Part, bounds, exact_change, lost, stored_change, verify_miss, widened
 
@@ -36,7 +36,7 @@ class Eager:
     """
 
     def __init__(self, view: View, verify: bool, families: list[Any], reductions: dict[str, str],
-                 centring: reduce.CentringMemory) -> None:
+                 centring: CentringMemory) -> None:
         self.view, self.verify, self.families = view, verify, families
         self.reductions, self.centring = reductions, centring
         self.binned = any(fam.binned for fam in families)  # p, grad and u binned (the histograms family)

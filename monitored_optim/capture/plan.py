@@ -171,7 +171,7 @@ def born(optimizer: torch.optim.Optimizer, known: dict[int, str], select: Any,
     return every, chosen
 
 
-def tell_unmapped(optimizer: torch.optim.Optimizer, told: Once) -> None:
+def tell_unmapped(optimizer: Stepped, told: Once) -> None:
     """Warn, once per ``told``, where a param group's names are not as many as its tensors (an
     engine, an optimizer wrapper the monitor does not know, stepped buffers of its own, named
     ``param{k}``)."""

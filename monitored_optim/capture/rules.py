@@ -1,4 +1,4 @@
-"""The snapshot rule: which parameters get an exact copy of p_before, and its memory.
+"""The snapshot and centring rules: which parameters get an exact copy of p_before, and their memories.
 
 The truth of every figure is the change of the *stored* parameter, u = p_after - p_before. A
 state-aware view gives the update the optimizer computed; the stored value differs from
@@ -27,16 +27,17 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from ..histograms import BITS
-from ..stats import LOW_PRECISION
+from ..stats import KINDS, LOW_PRECISION
 
 if TYPE_CHECKING:
+    from ..hosted import MomentTable
     from ..workspace import Workspace
 
 RISK_ABOVE = 1e-4
@@ -189,14 +190,15 @@ class RiskMemory:
         flags = risky_when_built([p for _, p in named])
         self._left.update((name, SNAPSHOT_FOR) for (name, _), risky in zip(named, flags) if risky)
 
-    def update(self, names: list[str], position: dict[str, int], eps: Tensor, table: Any, exact: Tensor) -> None:
+    def update(self, names: list[str], position: dict[str, int], eps: Tensor, table: MomentTable,
+               exact: Tensor) -> None:
         """After a logging step: renew the count of the parameters whose rounding risk was above the
         bounds, count down the others it holds that had elements.
 
         Args:
             names: the parameters' names, the rows of ``table``; ``position``: name -> row.
             eps: float64 ``(N,)``, :func:`eps` of each parameter's dtype.
-            table: the step's :class:`~monitored_optim.reduce.MomentTable`.
+            table: the step's :class:`~monitored_optim.hosted.MomentTable`.
             exact: float64 ``(N,)``, :func:`at_powers_of_two` where measured, NaN elsewhere.
         """
         std, n = table.std, table.n[:, 0]
@@ -320,3 +322,42 @@ def shared(params: Iterable[Tensor]) -> set[int]:
     if len(count) == len(keys):  # all apart (the usual case)
         return set()
     return {id(p) for p, key in zip(params, keys) if key is not None and count[key] > 1}
+
+
+class CentringMemory:
+    """The centring rule's memory: which moments of each parameter take the centred pass at its next
+    eager capture.
+
+    A parameter not measured before takes it for every kind of :data:`~monitored_optim.stats.KINDS`.
+    After a logging step, :meth:`update` keeps
+    :attr:`~monitored_optim.hosted.MomentTable.needs_centring` of the parameters the eager capture
+    may take next time (a grad's flag stays where the step had no grad); a parameter captured flat is
+    exact for any spread and keeps none (:meth:`forget`).
+    """
+
+    FIRST = (True, True, True)
+    """The flags, per kind of :data:`~monitored_optim.stats.KINDS`, of a parameter not measured before."""
+
+    def __init__(self) -> None:
+        self._flags: dict[str, Sequence[bool]] = {}
+
+    def flags(self, names: Iterable[str], kind: str) -> list[bool]:
+        """Per name, whether its ``kind`` moments take the centred pass."""
+        k = KINDS.index(kind)
+        return [self._flags.get(name, self.FIRST)[k] for name in names]
+
+    def forget(self, names: Iterable[str]) -> None:
+        """Drop the flags of ``names`` (captured flat: should one leave that capture, it starts centred)."""
+        for name in names:
+            self._flags.pop(name, None)
+
+    def update(self, names: list[str], rows: list[int], table: MomentTable) -> None:
+        """Keep the flags of the parameters at ``rows`` of ``table`` that had elements."""
+        if not rows:
+            return
+        index = torch.tensor(rows, dtype=torch.long)
+        flags, grads, sizes = (table.needs_centring[index].tolist(), table.has[index, 1].tolist(),
+                               table.n[index, 0].tolist())
+        held = self._flags
+        held.update({names[i]: flag if grad else [flag[0], held.get(names[i], self.FIRST)[1], flag[2]]
+                     for i, flag, grad, size in zip(rows, flags, grads, sizes) if size})

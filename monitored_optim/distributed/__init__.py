@@ -41,7 +41,9 @@ optimizer on the same steps; a name means the same parameter on every rank that 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 import torch.distributed as dist
@@ -49,14 +51,15 @@ from torch import Tensor
 
 from .. import stats
 from .._warnings import Once, warn
-from ..updates import elementwise
+from ..updates import View, elementwise
 from . import dtensor, fsdp1, replicated, zero
-from .held import Held, is_dtensor, narrow, set_local_grad
+from .held import Held, is_dtensor, narrow, set_local_grad, whole_shape
 from .pipeline import Ranks, Remote
-from .table import Reduced, collective_device
+from .table import collective_device
 
 if TYPE_CHECKING:
     from ..pieces import Keys
+    from .deepspeed import Layout
 
 
 def initialized() -> bool:
@@ -70,7 +73,7 @@ def is_writer() -> bool:
     return not initialized() or dist.get_rank() == 0
 
 
-def sharding(optimizer: torch.optim.Optimizer, layout: Any = None) -> Sharding | Unsharded:
+def sharding(optimizer: torch.optim.Optimizer, layout: Layout | None = None) -> Sharding | Unsharded:
     """The :class:`Sharding` of ``optimizer`` for this logging step, or :class:`Unsharded` outside
     ``torch.distributed`` (the single-process path, untouched).
 
@@ -97,9 +100,48 @@ def _held(p: Tensor, parent: Any) -> Held:
     return fsdp1.held(p) or replicated.held(p)
 
 
+class Captured(Protocol):
+    """A captured parameter's record, as a layout reduces it (:class:`~monitored_optim.capture.plan.Entry`):
+    its name, the local tensor read, its batch slots per kind and its device pieces."""
+
+    name: str
+    p: Tensor
+    slots: dict[str, int]
+    pieces: dict[str, Any]
+
+    @property
+    def whole(self) -> Tensor: ...
+
+
+@dataclass
+class Gathered:
+    """A logging step's values on the host, per parameter (this rank's first, then those other ranks
+    monitor): what :meth:`Sharding.reduce` and :meth:`Unsharded.reduce` both answer.
+
+    Attributes:
+        counts: per parameter its element count.
+        pairs: float64 ``(P, 3, 2)``, the ``(mean, m2)`` of each kind of :data:`~monitored_optim.stats.KINDS`.
+        present: bool ``(P, 3)``, the kinds that had values.
+        pieces: per parameter the host values of its other pieces.
+        read: each Tensor learning rate's value (``[floats]``), in the order given.
+        remote: the parameters after this rank's own, monitored elsewhere (none in one process).
+        names: every parameter's name where the ranks renamed some (None: the roster's own).
+        cost: the ``monitor`` family summed over the ranks (None: this process's own).
+    """
+
+    counts: Tensor | list[float]
+    pairs: Tensor
+    present: Tensor
+    pieces: list[dict[str, list[float]]]
+    read: list[list[float]]
+    remote: list[Remote] = field(default_factory=list)
+    names: list[str] | None = None
+    cost: tuple[float, float] | None = None
+
+
 class Unsharded:
     """One process's optimizer, read as it is: the layout of a logging step outside ``torch.distributed``,
-    beside :class:`Sharding`, whose attributes of the same names answer for a sharded one.
+    beside :class:`Sharding`, whose attributes and methods of the same names answer for a sharded one.
 
     Attributes:
         local: the optimizer itself.
@@ -115,9 +157,33 @@ class Unsharded:
         self.local = optimizer
 
     @staticmethod
-    def cloned(view: Any) -> frozenset[int]:
+    def cloned(view: View) -> frozenset[int]:
         """No tensor: every view rebuilds the update of a whole parameter."""
         return frozenset()
+
+    def regrad(self, params: set[int] | None = None) -> None:
+        """Nothing: each tensor read is the parameter, with its own grad."""
+
+    def groups_of(self, params: set[int]) -> set[int]:
+        """The indices of the param groups that hold a parameter whose id is in ``params``."""
+        return {i for i, group in enumerate(self.local.param_groups) if any(id(p) in params for p in group["params"])}
+
+    def release(self, entries: Sequence[Captured]) -> None:
+        """Nothing: the grads read are the parameters' own, which the optimizer keeps."""
+
+    def reduce(self, entries: Sequence[Captured], rows: stats.Moments, index: Tensor, lrs: list[Tensor], keys: Keys,
+               ranks: Ranks, cost: tuple[float, float] = (0.0, 0.0)) -> Gathered:
+        """This process's values on the host, in one device-to-host copy per device: the moments of the
+        slots ``index`` names, each entry's pieces and the Tensor learning rates ``lrs`` (``keys``,
+        ``ranks``, ``cost``: unused, as nothing is summed over ranks)."""
+        holding = [i for i, e in enumerate(entries) if e.pieces]  # a flat entry's: its histograms, if any
+        held = [piece for i in holding for piece in entries[i].pieces.values()]
+        pairs, present, extra = rows.host(index, held + lrs)
+        it = iter(extra[:len(held)])  # per entry, its pieces' host values in the order of its pieces
+        own: list[dict[str, list[float]]] = [{} for _ in range(len(entries))]
+        for i in holding:
+            own[i] = {key: next(it) for key in entries[i].pieces}
+        return Gathered(rows.sizes[index[:, 0]], pairs, present, own, extra[len(held):])  # p_before: once each
 
 
 class Sharding:
@@ -160,7 +226,7 @@ class Sharding:
             local_groups.append({**group, "params": [h.local for h in shards]})
         self.local = _LocalOptimizer(local_groups, _LocalState(self), optimizer.defaults)
 
-    def cloned(self, view: Any) -> frozenset[int]:
+    def cloned(self, view: View) -> frozenset[int]:
         """The ids of the local tensors whose update ``view`` cannot rebuild: shards of split parameters
         where the view is not element-wise (Muon's Newton-Schulz on the whole matrix, Adafactor's row
         and column means). The capture's plan clones them: exact, one copy of the shard on logging
@@ -179,7 +245,7 @@ class Sharding:
         """The indices of the groups of ``local`` that hold a piece of a parameter whose id is in ``params``."""
         return {i for i, held in enumerate(self._groups) if not held.isdisjoint(params)}
 
-    def release(self, entries: list[Any]) -> None:
+    def release(self, entries: Sequence[Captured]) -> None:
         """Let go of the grads of these entries' local tensors (an engine frees its grads after each
         base step; holding them to the end of the logging step would keep a copy's worth)."""
         for e in entries:
@@ -204,8 +270,7 @@ class Sharding:
         h = self._held.get(id(local))
         if h is None:
             return local.shape
-        source = h.source if h.source is not None else h.param
-        return getattr(source, "ds_shape", None) or source.shape
+        return whole_shape(h.source if h.source is not None else h.param)
 
     def _whole(self, local: Tensor) -> bool:
         """Whether :meth:`shape` is the whole parameter's (an FSDP1 shard's shape is its own)."""
@@ -233,28 +298,35 @@ class Sharding:
             out[key] = value
         return out
 
-    def reduce(self, entries: list[Any], keys: Keys, ranks: Ranks,
-               cost: tuple[float, float] = (0.0, 0.0)) -> Reduced:
-        """Global host values of every entry's pieces: one ``all_reduce`` (:func:`.table.reduce`); warns
-        once per key head about the pieces it left out (:func:`tell_left_out`).
+    def reduce(self, entries: Sequence[Captured], rows: stats.Moments, index: Tensor, lrs: list[Tensor], keys: Keys,
+               ranks: Ranks, cost: tuple[float, float] = (0.0, 0.0)) -> Gathered:
+        """Global host values of every entry's pieces: one ``all_reduce`` (:func:`.table.reduce`), and one
+        host copy of the Tensor learning rates ``lrs``; warns once per key head about the pieces it left
+        out (:func:`tell_left_out`).
 
         Args:
-            entries: the monitor's lead entries, in ``local`` order (``.name``, ``.p``, ``.pieces``).
+            entries: the monitor's lead entries, in ``local`` order (``.name``, ``.p``, ``.pieces``, ``.slots``).
+            rows: the batch's moments, whose rows ``slots`` name (``index``: unused, as each entry's
+                whole-parameter values are its own pieces here).
             keys: every key a piece may have -> its reduction, the same on every rank.
             ranks: the union of the ranks' names (:class:`~.pipeline.Ranks`), kept by the monitor.
             cost: this rank's ``(bytes copied, host seconds)`` so far, summed over the ranks.
         """
         from .table import reduce
 
+        for e in entries:  # whole-parameter values and counts
+            e.pieces.update({kind: row for kind, slot in e.slots.items() if (row := rows[slot]) is not None})
         for e in entries:
             if id(e.p) in self._regrad:  # a closure made a new grad inside step(): the shard saw it late
                 e.pieces.pop("grad", None)
                 if e.p.grad is not None:
                     e.pieces["grad"] = stats.moments(e.p.grad)
         local = [Remote(e.name, tuple(self.shape(e.p)), str(e.p.dtype), self._whole(e.p)) for e in entries]
-        reduced = reduce(entries, local, [self._held[id(e.p)] for e in entries], keys, ranks, self.left_out, cost)
+        reduced = reduce(list(entries), local, [self._held[id(e.p)] for e in entries], keys, ranks, self.left_out, cost)
         tell_left_out(self.left_out, keys.heads, ranks.left_out)
-        return reduced
+        read = stats.Moments({}, {}, 0, torch.zeros(0)).host(torch.zeros(0, dtype=torch.long), lrs)[2]
+        return Gathered(reduced.counts, reduced.pairs, reduced.present, reduced.pieces, read, reduced.remote,
+                        reduced.names, reduced.cost)
 
 
 def tell_left_out(keys: set[str], reductions: dict[str, str], told: Once) -> None:
@@ -307,4 +379,5 @@ class _LocalState:
         return isinstance(shard, Tensor) and self.get(shard) is not None
 
 
-__all__ = ["Sharding", "Unsharded", "collective_device", "initialized", "is_writer", "sharding", "tell_left_out"]
+__all__ = ["Captured", "Gathered", "Sharding", "Unsharded", "collective_device", "initialized", "is_writer", "sharding",
+           "tell_left_out"]

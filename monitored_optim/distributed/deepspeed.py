@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..models import own_names
-from .held import Held
+from .held import Held, whole_shape
 
 WRAPPERS = ("FP16_UnfusedOptimizer", "FP16_Optimizer", "BF16_Optimizer", "DeepSpeedZeroOptimizer",
             "DeepSpeedZeroOptimizer_Stage3")
@@ -143,17 +143,12 @@ def _fragments(flat: Tensor, sources: list[Tensor], spans: list[tuple[int, int]]
     out = []
     base = flat.detach().reshape(-1)
     for source, (start, numel) in zip(sources, spans):
-        shape = _shape(source)
+        shape = whole_shape(source)
         whole = numel == shape.numel()
         local = base[start:start + numel]
         out.append(Held(local.view(shape) if whole else local, flat, shards, span=(start, numel),
                         split=0 < numel and not whole, source=source))
     return out
-
-
-def _shape(p: Tensor) -> torch.Size:
-    """A model parameter's shape (ZeRO-3 keeps it in ``ds_shape`` while the tensor is empty)."""
-    return getattr(p, "ds_shape", None) or p.shape
 
 
 def _unfused(w: Any) -> list[tuple[dict[str, Any], list[Held]]]:

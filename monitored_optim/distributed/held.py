@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
@@ -50,6 +51,12 @@ class Held:
     def weight(self, holders: int) -> float:
         """The weight of this shard in the sum over ranks (``holders``: ranks monitoring the parameter)."""
         return 1.0 if self.shards is None else self.shards / holders
+
+
+def whole_shape(p: Tensor) -> torch.Size:
+    """A model parameter's whole shape (DeepSpeed's ZeRO-3 keeps it in ``ds_shape`` while the tensor
+    is empty, its elements partitioned across ranks)."""
+    return getattr(p, "ds_shape", None) or p.shape
 
 
 def is_dtensor(x: object) -> TypeGuard[DTensor]:

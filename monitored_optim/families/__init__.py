@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..alerts import Voice
-from ..reduce import MomentTable
+from ..hosted import MomentTable
 from .base import Family
 from .histograms import Histograms
 from .spectral import Spectral
@@ -38,7 +38,7 @@ class Step:
     Attributes:
         step: the optimizer step (int >= 1).
         names: parameter names, in order.
-        table: their moments (:class:`~monitored_optim.reduce.MomentTable`, kinds p, grad, u).
+        table: their moments (:class:`~monitored_optim.hosted.MomentTable`, kinds p, grad, u).
         pieces: per parameter, the host values of its device pieces (``{key: [floats]}``).
         lrs: per parameter, its group's learning rate as a float (None where it has none).
         shapes: per parameter, its (whole) shape.

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from .._warnings import Once
+from ..hosted import MomentTable
 from .base import Family
 
 WINDOW = 20
@@ -158,11 +159,11 @@ class Spikes(Family):
         return {"health/spikes": float(len(spiking))}
 
 
-def _values(table: Any, lrs: list[float | None]) -> Tensor:
+def _values(table: MomentTable, lrs: list[float | None]) -> Tensor:
     """Per parameter, the magnitudes spikes are judged on (:data:`FIGURES`), float64 of shape
     ``(N, 2)``: log10 of the grad norm, and log10 of the update's RMS ``||u|| / sqrt(n)`` less log10
     of its group's lr where that is a known positive float (``lrs``, one per parameter); NaN where a
-    norm is zero (no grad, no update). From the step's :class:`~monitored_optim.reduce.MomentTable`
+    norm is zero (no grad, no update). From the step's :class:`~monitored_optim.hosted.MomentTable`
     (kinds p, grad, u)."""
     sizes = torch.stack([table.norm[:, 1], table.norm[:, 2] / table.n[:, 0].clamp(min=1).sqrt()], 1)
     logs = {lr: math.log10(lr) if lr is not None and lr > 0 else 0.0 for lr in set(lrs)}  # one per group
