@@ -38,6 +38,7 @@ from .. import histograms, stats
 from .._warnings import warn
 from ..updates import CLONE, Cloned, View, rebuild
 from .plan import Entry, Flat
+from .route import SMALL
 from .rules import at_powers_of_two
 from .change import exact_change, stored_change
 
@@ -68,11 +69,6 @@ parameters taken whole (1.6%: a logging step's extra memory stays within 2% of t
 BINS_BYTES = 1 << 22
 """The bytes of bins that one call may always take (4 MiB, a few temporaries' worth): a small model's
 whole parameters are then binned in as few calls as they would be without the histograms."""
-
-SMALL = 1 << 12
-"""Elements up to which a parameter is captured *flat* (eagerly, compiling or not): copied whole into one flat
-buffer with the other small parameters of its chunk before the step (its exact snapshot), so that a
-chunk of thousands of biases and norm gains costs a few ops, not a few per tensor."""
 
 FLAT_ELEMENTS = 1 << 14
 """Most elements of one flat chunk (its float64 temporaries stay a few MiB)."""
@@ -368,14 +364,18 @@ class Fused:
     def form(self, p: Tensor) -> str | None:
         """The form the fused routes may take ``p`` in where its group's :meth:`way` allows it, from
         its metadata alone: ``"flat"`` (a non-empty dense float32/float64 parameter of at most
-        :data:`SMALL` elements), ``"whole"`` (a larger one, where compiling is enabled for its
-        device), or None (eager)."""
+        :data:`~monitored_optim.capture.route.SMALL` elements), ``"whole"`` (a larger one, where
+        compiling is enabled for its device), or None (eager)."""
         if type(p) not in (Tensor, torch.nn.Parameter) or p.dtype not in (torch.float32, torch.float64) \
                 or p.layout is not torch.strided or p.numel() == 0:
             return None
         if p.numel() <= SMALL:
             return "flat"
         return "whole" if enabled(self.mode, p.device) else None
+
+    def chunks(self, flat: list[Entry]) -> list[Flat]:
+        """The entries captured flat, laid into chunks (:func:`chunk_flat`)."""
+        return chunk_flat(flat)
 
     def before(self, chunks: list[Flat], copies: list[Entry], whole: list[Entry], batch: stats.Batch) -> list[Tensor]:
         """Take p_before of the fused routes; returns the flat chunks' (one buffer per chunk).
