@@ -37,6 +37,8 @@ from torch._utils import _flatten_dense_tensors
 from .. import histograms, stats
 from .._warnings import warn
 from ..updates import CLONE, Cloned, View, rebuild
+from . import binning
+from .binning import Bins, bins_of
 from .plan import Entry, Flat
 from .route import SMALL
 from .rules import at_powers_of_two
@@ -192,11 +194,12 @@ def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factor
         s: the decoupled-decay factor 1 - lr·λ (a 0-dim tensor: p ← s·p before the add), or None.
         extremes: the bounds of the parameters before the step (:func:`prior`), float64 ``(k, 2)``.
         after: the k parameters after the step (float32/float64, each with its grad in ``grads``).
-        binned: whether u, p and the grads are binned (:func:`bins_of`).
+        binned: whether u, p and the grads are binned (:func:`~monitored_optim.capture.binning.bins_of`).
 
     Returns:
         ``(rows, bins)``: float64 ``(2, k, 3)``, :func:`shifted_rows` of the grad and of u (those of
-        p_before come from :func:`prior`), and :func:`bins_of` them (None unless ``binned``).
+        p_before come from :func:`prior`), and :func:`~monitored_optim.capture.binning.bins_of` them
+        (None unless ``binned``).
     """
     changes = []
     for p, r, f, (lo, hi) in zip(after, rebuild(*args), factors.unbind(), extremes.unbind()):
@@ -230,20 +233,11 @@ def grad_and_change_rows(grads: list[Tensor], changes: list[Tensor]) -> Tensor:
     return torch.stack([shifted_rows(grads), shifted_rows(changes)])
 
 
-Bins = tuple[list[Tensor], Tensor]
-"""The bins and extents of tensors (:func:`~monitored_optim.histograms.binned`)."""
-
-
-def bins_of(changes: list[Tensor], after: list[Tensor], grads: list[Tensor], binned: bool) -> Bins | None:
-    """:func:`~monitored_optim.histograms.binned` of the k stored changes u, the k parameters after the
-    step and their k grads, in that order (``3k`` bins, extents ``(3k, 4)``); None unless ``binned``."""
-    return histograms.binned([*changes, *after, *grads]) if binned else None
-
-
 def snapshotted(before: list[Tensor], after: list[Tensor], grads: list[Tensor],
                 binned: bool = False) -> tuple[Tensor, Tensor, Bins | None]:
     """Rows of p_before, grad and u of parameters with an exact snapshot, their power-of-two sums,
-    and where ``binned`` their :func:`bins_of`, u formed in float64 (exact also where it crosses 0).
+    and where ``binned`` their :func:`~monitored_optim.capture.binning.bins_of`, u formed in float64
+    (exact also where it crosses 0).
 
     Returns float64 ``(3, k, 3)``, :func:`~monitored_optim.capture.rules.at_powers_of_two` of each ``(k,)``,
     and the bins or None."""
@@ -342,8 +336,9 @@ class Fused:
         view: the monitor's update view.
         mode: ``MonitorConfig.compile`` (see :func:`enabled`).
         binned: the histograms family is on: the p, grads and u of the flat chunks are binned
-            (:func:`~monitored_optim.histograms.segment_values`), and those of whole parameters in
-            their compiled pass (:func:`bins_of`), a call's bins within the logging step's budget.
+            (:func:`~monitored_optim.capture.binning.segment_values`), and those of whole parameters in
+            their compiled pass (:func:`~monitored_optim.capture.binning.bins_of`), a call's bins
+            within the logging step's budget.
     """
 
     def __init__(self, view: View, mode: str, binned: bool = False) -> None:
@@ -413,7 +408,7 @@ class Fused:
             rows = flat(before, after, grad, chunk.lengths)  # eager: faster than compiled here
             _put(batch, chunk.members, rows, stats.KINDS, present, chunk.sizes)
             if self.binned:
-                _bin(chunk, before, after, grad, present)
+                binning.bin_flat(chunk, before, after, grad, present)
         total = sum(e.p.numel() * e.p.element_size() for e in entries)
         room = max(total // BINS_SHARE, BINS_BYTES)  # for one call's bins: a byte per element and series
         most = room // len(histograms.KEYS) if self.binned else math.inf
@@ -436,7 +431,7 @@ class Fused:
                                                     bounds)
                 _put(batch, part, rows, stats.KINDS if key[-1] else stats.KINDS[1:], present)
                 if bins is not None:
-                    _bin_whole(part, bins, present)
+                    binning.bin_whole(part, bins, present)
 
     def _rebuilt_rows(self, group: dict[str, Any], after: list[Tensor], states: list[dict[str, Any]],
                       grads: list[Tensor], extremes: list[Tensor]) -> tuple[Tensor, Bins | None]:
@@ -477,34 +472,6 @@ def _grads(params: list[Tensor]) -> tuple[list[Tensor], list[bool]]:
         return cast(list[Tensor], grads), present
     return ([torch.zeros_like(p) if g is None else g if g.layout is torch.strided else g.to_dense()
              for p, g in zip(params, grads)], present)
-
-
-def _bin(chunk: Flat, before: Tensor, after: Tensor, grads: Tensor, present: list[bool]) -> None:
-    """The histograms of a flat chunk's u, p after the step and grads (where present), each member's as
-    its pieces (a flat entry is its plan's: none is left from a last step); binned at once in float64,
-    where u is exact and p and the grads are as they are."""
-    laid = torch.cat([exact_change(after, before), after.double(), grads.double()])
-    _hand_out(chunk.members, histograms.segment_values(laid, chunk.lengths.repeat(len(histograms.KEYS))), present)
-
-
-def _bin_whole(part: list[Entry], bins: Bins, present: list[bool]) -> None:
-    """The histograms of a call's whole parameters from their :func:`bins_of`, as their pieces."""
-    _hand_out(part, histograms.counted_bins(*bins), present)
-
-
-def _hand_out(members: list[Entry], values: list[tuple[Tensor, Tensor, Tensor]], present: list[bool]) -> None:
-    """The members' histogram pieces from the values of their u's, then their p's, then their grads'
-    (:func:`~monitored_optim.histograms.piece_keys` order each); a grad's only where the member has a
-    grad (else none is left from a last step)."""
-    k = len(members)
-    for j, kind in enumerate(("u", "param", "grad")):
-        keys = histograms.piece_keys(histograms.KEYS[kind])
-        for e, held, got in zip(members, present, values[j * k:(j + 1) * k]):
-            if held or kind != "grad":
-                e.pieces.update(zip(keys, got))
-            else:
-                for key in keys:
-                    e.pieces.pop(key, None)
 
 
 def _put(batch: stats.Batch, chunk: list[Entry], rows: Tensor, kinds: tuple[str, ...], present: list[bool],
