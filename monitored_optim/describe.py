@@ -19,7 +19,8 @@ def describe(monitor: Any, optimizer: torch.optim.Optimizer, known: dict[int, st
 
     Before any logging step the capture column is the plan (a line above the table says so): the
     route the capture's plan gives a parameter at a logging step with grads of the parameters'
-    dtypes (:mod:`monitored_optim.capture.plan`): ``view (<ViewName>)``, the
+    dtypes (:meth:`Planned.route <monitored_optim.capture.route.Planned.route>`, named by
+    :meth:`Route.label <monitored_optim.capture.route.Route.label>`): ``view (<ViewName>)``, the
     update rebuilt from the optimizer's state with the store's rounding inverted (``in N slices``
     for a large one); ``snapshot (<reason>)``, an exact copy of p_before on logging steps, for the
     reasons of :func:`~monitored_optim.capture.rules.snapshot_reason`; ``clone (<reason>)``;

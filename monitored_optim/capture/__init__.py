@@ -11,7 +11,7 @@ parameter's device pieces (:mod:`monitored_optim.pieces`).
 Words used throughout:
 
 * *entry*: one parameter, or one *part* (a flat slice) of a large one, on a logging step;
-* *route*: how a parameter's p_before and u are taken (the plan's table);
+* *route*: how a parameter's p_before and u are taken (:mod:`~monitored_optim.capture.route`);
 * *snapshot*: an exact copy of p_before; *inversion*: p_before recovered from p_after and the
   view's update, the store's rounding undone;
 * *view*: the object that rebuilds an optimizer's update from its state (:mod:`monitored_optim.updates`);
