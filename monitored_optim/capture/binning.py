@@ -183,12 +183,13 @@ def segment_values(flat: Tensor, lengths: Tensor) -> list[tuple[Tensor, Tensor, 
     as a :class:`Tally` gives those of a parameter.
 
     Args:
-        flat: 1-D tensor of a dtype of :data:`BITS`, the segments laid end to end.
+        flat: 1-D tensor of a dtype of :data:`~monitored_optim.histograms.BITS`, the segments laid end to end.
         lengths: int64 tensor of shape ``(k,)`` on ``flat``'s device, positive, summing to ``flat.numel()``.
 
     Returns:
-        Per segment, in the order of :func:`piece_keys`: its counts and sums (float64 ``(WIDTH,)``),
-        its min and its max (``(1,)`` each), views of one stacked tensor each.
+        Per segment, in the order of :func:`~monitored_optim.histograms.piece_keys`: its counts and
+        sums (float64 ``(WIDTH,)``), its min and its max (``(1,)`` each), views of one stacked tensor
+        each.
     """
     k = lengths.numel()
     segment = torch.arange(k, device=flat.device).repeat_interleave(lengths, output_size=flat.numel())
@@ -212,11 +213,11 @@ def binned(xs: list[Tensor]) -> tuple[list[Tensor], Tensor]:
     are formed, and the bins counted outside the compiled graph (:func:`counted_bins`).
 
     Args:
-        xs: real floating tensors of dtypes of :data:`BITS` (any shapes).
+        xs: real floating tensors of dtypes of :data:`~monitored_optim.histograms.BITS` (any shapes).
 
     Returns:
         ``(bins, extents)``: per tensor its elements' bins, uint8 of its number of elements
-        (:data:`NBINS` for a non-finite element), and float64 ``(len(xs), 4)``: per tensor
+        (:data:`~monitored_optim.histograms.NBINS` for a non-finite element), and float64 ``(len(xs), 4)``: per tensor
         ``(min, max, Σx, Σx²)`` of its finite elements (min +inf and max -inf where none is).
     """
     bins, extents = [], []
@@ -252,10 +253,10 @@ def element_bins(flat: Tensor) -> Tensor:
     place for a negative one (so that ``-2**k`` is the lower end of its bin).
 
     Args:
-        flat: 1-D tensor of a dtype of :data:`BITS`.
+        flat: 1-D tensor of a dtype of :data:`~monitored_optim.histograms.BITS`.
 
     Returns:
-        uint8 tensor like ``flat``: the bins, :data:`NBINS` for a non-finite element.
+        uint8 tensor like ``flat``: the bins, :data:`~monitored_optim.histograms.NBINS` for a non-finite element.
     """
     kind, mantissa, exponent = BITS[flat.dtype]
     top = (1 << exponent) - 1
