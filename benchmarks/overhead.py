@@ -53,7 +53,7 @@ from torch._utils import _flatten_dense_tensors  # noqa: E402
 
 from monitored_optim import Monitored, MonitorConfig  # noqa: E402
 from monitored_optim.capture import change, fused  # noqa: E402
-from monitored_optim.capture.fused import Fuser  # noqa: E402
+from monitored_optim.capture.compiler import Fuser  # noqa: E402
 from monitored_optim.updates import view_for  # noqa: E402
 
 VOCAB, WIDTH, LAYERS, HEADS, SEQ, BATCH = 2000, 128, 6, 4, 64, 16

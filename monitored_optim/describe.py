@@ -9,14 +9,12 @@ from typing import Any, Protocol
 import torch
 
 from ._warnings import warn
-from .capture.plan import VIEW, Plan, Planned, route
-from .capture.rules import snapshot_reason
-from .capture.spent import FLAT_LABEL
-from .distributed.held import whole_shape
 from .capture import Capture
+from .capture.route import FLAT, Route
 from .config import Settings
 from .distributed.deepspeed import Layout
-from .updates import View, elementwise
+from .distributed.held import whole_shape
+from .updates import View
 
 
 class Described(Protocol):
@@ -41,7 +39,8 @@ def describe(monitor: Described, optimizer: torch.optim.Optimizer, known: dict[i
 
     Before any logging step the capture column is the plan (a line above the table says so): the
     route the capture's plan gives a parameter at a logging step with grads of the parameters'
-    dtypes (:mod:`monitored_optim.capture.plan`): ``view (<ViewName>)``, the
+    dtypes (:meth:`Planned.route <monitored_optim.capture.route.Planned.route>`, named by
+    :meth:`Route.label <monitored_optim.capture.route.Route.label>`): ``view (<ViewName>)``, the
     update rebuilt from the optimizer's state with the store's rounding inverted (``in N slices``
     for a large one); ``snapshot (<reason>)``, an exact copy of p_before on logging steps, for the
     reasons of :func:`~monitored_optim.capture.rules.snapshot_reason`; ``clone (<reason>)``;
@@ -93,14 +92,15 @@ def _rows(monitor: Described, optimizer: torch.optim.Optimizer, known: dict[int,
           taken: dict[str, str]) -> list[tuple[str, ...]]:
     """The table of :func:`describe`, its heading first: one row per parameter of ``optimizer``, its
     capture the route ``taken`` at the last logging step, or the plan's."""
-    plan = monitor.capture.preview(optimizer, known)
+    capture = monitor.capture
+    plan, view = capture.preview(optimizer, known), type(capture.view).__name__
     shown: dict[int, str] = {}  # id of a parameter -> how it is captured
-    for _group, way, items in plan.groups:
+    for _group, items in plan.groups:
         for item in items:
             if isinstance(item, list):
-                shown.update((id(e.p), FLAT_LABEL) for e in item)
+                shown.update((id(e.p), Route(FLAT).label(view)) for e in item)
             else:
-                shown[id(item.p)] = _route(monitor, plan, item, way)
+                shown[id(item.p)] = item.route(capture.risky(item.name)).label(view)
     rows: list[tuple[str, ...]] = [HEADING]
     for group, own in zip(optimizer.param_groups, plan.names):
         for name, p in zip(own, group["params"]):
@@ -160,20 +160,6 @@ def write_shapes(path: Path, prefix: str, params: list[tuple[str, torch.Size, to
         path.write_text(json.dumps({**known, **shapes}, indent=1))
     except (OSError, ValueError) as err:
         warn(f"monitored_optim: cannot write {str(path)!r} ({type(err).__name__}: {err})", RuntimeWarning)
-
-
-def _route(monitor: Described, plan: Plan, item: Planned, way: str | None) -> str:
-    """The capture column of one planned parameter (see :func:`describe`)."""
-    p = item.p
-    if not (p.is_floating_point() or p.is_complex()):
-        return "skipped (integer tensor: never stepped)"
-    reason = snapshot_reason(p, id(p) in plan.shared, monitor.capture.risky(item.name))
-    taken = route(item, way, reason, dense_grad=True)
-    if taken.kind != VIEW:
-        return taken.label(type(monitor.view).__name__)
-    limit = plan.budget // p.element_size()
-    slices = -(-p.numel() // limit) if elementwise(monitor.view) and p.numel() > limit else 1
-    return taken.label(type(monitor.view).__name__) + (f", in {slices} slices" if slices > 1 else "")
 
 
 def _short(value: Any) -> str:

@@ -21,20 +21,23 @@ Beside its counts a histogram holds the exact min, max, sum and sum of squares o
 elements (:class:`Histogram`): the bins say how the elements spread, these where they end and their
 total. A tensor's histogram is three pieces, each with its declared reduction (:data:`PIECES`): the
 counts followed by the sums (SUM), the min (MIN) and the max (MAX).
+
+Here are the bins, :class:`Histogram`, the rule that gives an element its bin from its bits
+(:func:`keys`, :func:`fold`), :func:`counts` of one tensor and :func:`of`, the histograms of a
+logging step's host pieces; the capture's binning of a step's parts and chunks is
+:mod:`monitored_optim.capture.binning`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
-import weakref
-from typing import Any, NamedTuple, Union
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor
 
 from .pieces import MAX, MIN, SUM
-from .stats import PART_ELEMENTS
+from .workspace import Workspace
 
 LOW, HIGH = -40, 16
 """The smallest and largest magnitude edges: 2**-40 (about 9.1e-13) and 2**16 (65,536)."""
@@ -119,7 +122,7 @@ their bits (float16 is binned as float32, where its subnormals are normal)."""
 _FOLDS: dict[tuple[torch.dtype, torch.device, bool], Tensor] = {}
 
 
-def counts(x: Tensor, scale: Tensor | None = None, work: Any = None) -> Tensor:
+def counts(x: Tensor, scale: Tensor | None = None, work: Workspace | None = None) -> Tensor:
     """The histogram of ``x``'s finite elements over :data:`EDGES`, on ``x``'s device.
 
     Each element's bin comes from its bits (:func:`keys`, or :func:`finite_keys` for a CPU tensor whose
@@ -138,158 +141,12 @@ def counts(x: Tensor, scale: Tensor | None = None, work: Any = None) -> Tensor:
         Float64 tensor of shape ``(NBINS,)``: the counts (whole numbers; float64 so that they add
         with the other pieces, exactly up to 2**53 elements).
     """
-    flat = _flat(x, scale)
-    table, held = _keys_counted(flat, _finite_ends(flat) is not None, work)
-    return _folded(held.view(1, -1), table)[0]
+    flat = flattened(x, scale)
+    table, held = keys_counted(flat, finite_ends(flat) is not None, work)
+    return folded(held.view(1, -1), table)[0]
 
 
-class Tally:
-    """The histograms of one logging step's parts of parameters, counted part by part and folded at once.
-
-    A part's tensor may be a temporary that the next part reuses, so :meth:`add` takes its keys'
-    counts, its ends and its sums when it is given (a dozen ops per part); :meth:`pieces` then folds
-    the counts of every part into the bins and adds them over the parts of each parameter with a few
-    ops per device for the whole step. The parts are keyed by their *owner* (the entry that holds a
-    parameter's pieces) and series.
-    """
-
-    def __init__(self) -> None:
-        self._step: Any = None  # a weak reference to the logging step's batch
-        self._owners: dict[tuple[int, str], tuple[tuple[Any, str], list[_Part]]] = {}
-
-    def open(self, step: object) -> None:
-        """Count into the logging step ``step`` (its batch): the parts of another one are dropped (a
-        logging step whose base step raised never reaches :meth:`pieces`)."""
-        if self._step is None or self._step() is not step:
-            self._step, self._owners = weakref.ref(step), {}
-
-    def add(self, owner: Any, series: str, x: Tensor, scale: Tensor | None = None, work: Any = None) -> None:
-        """Count one part ``x`` of ``owner``'s tensor under ``series`` (arguments as :func:`counts`')."""
-        flat = _flat(x, scale)
-        ends = _finite_ends(flat)
-        table, held = _keys_counted(flat, ends is not None, work)
-        if ends is None:
-            low, high, sums = _masked_extent(flat, work)
-            self._part(owner, series, table, held, torch.cat([low, high]), sums)
-        else:
-            self._part(owner, series, table, held, ends, _sums(flat, work))
-
-    def add_zeros(self, owner: Any, series: str, x: Tensor) -> None:
-        """Count the change of a part ``x`` that the view says did not move: x - x, an exact zero for
-        each finite element of ``x`` (NaN for a non-finite one, not binned)."""
-        flat = _flat(x, None)
-        n = torch.isfinite(flat).sum()
-        table = fold(torch.float32, flat.device, True)
-        held = torch.zeros(len(table), dtype=torch.int64, device=flat.device)
-        held[0] = n  # +0.0's key
-        ends = torch.where(n > 0, torch.zeros(2, dtype=torch.float64, device=flat.device),
-                           torch.tensor([math.inf, -math.inf], dtype=torch.float64, device=flat.device))
-        self._part(owner, series, table, held, ends, torch.zeros(2, dtype=torch.float64, device=flat.device))
-
-    def drop(self, owner: Any, series: str) -> None:
-        """Forget the parts counted of ``owner``'s tensor under ``series`` (its grads, made again by a closure)."""
-        self._owners.pop((id(owner), series), None)
-
-    def pieces(self) -> list[tuple[Any, dict[str, Tensor]]]:
-        """Per owner and series counted, ``(owner, its pieces of the series by key of PIECES)``: the
-        counts, extremes and sums of its parts added. The tally is then empty."""
-        owners, self._owners = list(self._owners.values()), {}
-        parts = [(g, part) for g, (_, counted) in enumerate(owners) for part in counted]
-        out = []
-        for device in dict.fromkeys(part.held.device for _, part in parts):
-            tables: dict[int, tuple[Tensor, list[tuple[int, _Part]]]] = {}  # by fold table: folded at once
-            for g, part in parts:
-                if part.held.device == device:
-                    tables.setdefault(id(part.table), (part.table, []))[1].append((g, part))
-            mine = [item for _, items in tables.values() for item in items]
-            local = {g: i for i, g in enumerate(dict.fromkeys(g for g, _ in mine))}
-            index = torch.tensor([local[g] for g, _ in mine], device=device)
-            n = len(local)
-            folded = [_folded(torch.stack([part.held for _, part in items]), table) for table, items in tables.values()]
-            rows = torch.cat([torch.cat(folded), _pairs([part.sums for _, part in mine], device)], 1)
-            summed = torch.zeros(n, WIDTH, dtype=torch.float64, device=device).index_add_(0, index, rows)
-            ends = _pairs([part.ends for _, part in mine], device)
-            inf = torch.full((n,), math.inf, dtype=torch.float64, device=device)
-            low = inf.scatter_reduce(0, index, ends[:, 0], "amin").unsqueeze(1)
-            high = (-inf).scatter_reduce(0, index, ends[:, 1], "amax").unsqueeze(1)
-            for (g, _), values in zip(local.items(), zip(summed.unbind(), low.unbind(), high.unbind())):
-                owner, series = owners[g][0]
-                out.append((owner, dict(zip(piece_keys(series), values))))
-        return out
-
-    def _part(self, owner: Any, series: str, table: Tensor, held: Tensor, ends: Pair, sums: Pair) -> None:
-        """Keep one part's counts of its keys (of ``table``), its ends ``(min, max)`` and its sums."""
-        self._owners.setdefault((id(owner), series), ((owner, series), []))[1].append(_Part(table, held, ends, sums))
-
-
-Pair = Union[Tensor, tuple[float, float]]
-"""Two float64 values: a tensor of shape ``(2,)`` on a part's device, or, read already, two floats."""
-
-
-class _Part(NamedTuple):
-    """One part's tally: its keys' counts (int64, one per key of its fold ``table``), the ``(min, max)``
-    and ``(Σx, Σx²)`` of its finite elements."""
-
-    table: Tensor
-    held: Tensor
-    ends: Pair
-    sums: Pair
-
-
-def _pairs(pairs: list[Pair], device: torch.device) -> Tensor:
-    """``pairs`` as the rows of a float64 ``(k, 2)`` tensor on ``device``."""
-    if all(isinstance(pair, tuple) for pair in pairs):
-        return torch.tensor(pairs, dtype=torch.float64, device=device)
-    return torch.stack([torch.as_tensor(pair, dtype=torch.float64, device=device) for pair in pairs])
-
-
-def _masked_extent(flat: Tensor, work: Any) -> tuple[Tensor, Tensor, Tensor]:
-    """The min, max and ``(Σx, Σx²)`` of the finite elements of a 1-D tensor (any), float64 on its
-    device, the non-finite elements masked one slice at a time (:func:`_wide_slices`).
-
-    Returns:
-        ``(min, max, sums)`` of shapes ``(1,)``, ``(1,)``, ``(2,)``; min is +inf and max -inf where
-        no element is finite (the identities of their reductions: no value), the sums then 0.
-    """
-    inf = torch.full((1,), math.inf, dtype=torch.float64, device=flat.device)
-    low, high, sums = inf, -inf, torch.zeros(2, dtype=torch.float64, device=flat.device)
-    for x in _wide_slices(flat, work):
-        bad = torch.isfinite(x).logical_not_()
-        x.masked_fill_(bad, 0.0)
-        sums = sums + torch.stack([x.sum(), torch.dot(x, x)])
-        low = torch.minimum(low, x.masked_fill_(bad, math.inf).amin())  # the sums are taken: x is free
-        high = torch.maximum(high, x.masked_fill_(bad, -math.inf).amax())
-    return low, high, sums
-
-
-def _finite_ends(flat: Tensor) -> tuple[float, float] | None:
-    """``(min, max)`` of a non-empty CPU tensor whose elements are all finite; None on another device
-    (where reading a value waits for the device), for an empty tensor, or where an element is NaN or
-    infinite (NaN reaches both ends)."""
-    if not flat.numel() or flat.device.type != "cpu":
-        return None
-    low, high = (end.item() for end in torch.aminmax(flat))
-    return (low, high) if math.isfinite(low) and math.isfinite(high) else None
-
-
-def _sums(flat: Tensor, work: Any) -> tuple[float, float]:
-    """``(Σx, Σx²)`` of a 1-D CPU tensor whose elements are all finite, in float64."""
-    total = squares = 0.0
-    for x in _wide_slices(flat, work):
-        total, squares = total + x.sum().item(), squares + torch.dot(x, x).item()
-    return total, squares
-
-
-def _wide_slices(flat: Tensor, work: Any) -> Iterator[Tensor]:
-    """``flat``'s non-empty slices of :data:`~monitored_optim.stats.PART_ELEMENTS` elements in float64, each a
-    new tensor or ``work``'s ``kept`` buffer (valid until the next slice)."""
-    for piece in (flat,) if flat.numel() <= PART_ELEMENTS else flat.split(PART_ELEMENTS):
-        if piece.numel():
-            kept = None if work is None else work.named("kept", piece, torch.float64)
-            yield piece.to(torch.float64, copy=True) if kept is None else kept.copy_(piece)
-
-
-def _flat(x: Tensor, scale: Tensor | None) -> Tensor:
+def flattened(x: Tensor, scale: Tensor | None) -> Tensor:
     """``x`` as the 1-D tensor that is binned: dense, complex as real pairs, float16 (and other dtypes
     not of :data:`BITS`) as float32, times ``scale``."""
     x = x.detach()
@@ -303,82 +160,24 @@ def _flat(x: Tensor, scale: Tensor | None) -> Tensor:
     return flat
 
 
-def segment_values(flat: Tensor, lengths: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
-    """The values of the pieces of each of the consecutive segments of a flat tensor (a flat chunk's),
-    as a :class:`Tally` gives those of a parameter.
-
-    Args:
-        flat: 1-D tensor of a dtype of :data:`BITS`, the segments laid end to end.
-        lengths: int64 tensor of shape ``(k,)`` on ``flat``'s device, positive, summing to ``flat.numel()``.
-
-    Returns:
-        Per segment, in the order of :func:`piece_keys`: its counts and sums (float64 ``(WIDTH,)``),
-        its min and its max (``(1,)`` each), views of one stacked tensor each.
-    """
-    k = lengths.numel()
-    segment = torch.arange(k, device=flat.device).repeat_interleave(lengths, output_size=flat.numel())
-    bins = segment * (NBINS + 1) + element_bins(flat)  # NBINS + 1 counters a segment
-    counts = _count(bins, k * (NBINS + 1)).view(k, NBINS + 1)[:, :NBINS].double()
-    bad = torch.isfinite(flat).logical_not_()
-    wide = flat.to(torch.float64, copy=True)  # masked in place below: never the caller's float64 tensor
-    inf = torch.full((k,), math.inf, dtype=torch.float64, device=flat.device)
-    low = inf.scatter_reduce(0, segment, wide.masked_fill(bad, math.inf), "amin")
-    high = (-inf).scatter_reduce(0, segment, wide.masked_fill(bad, -math.inf), "amax")
-    kept = wide.masked_fill_(bad, 0.0)
-    sums = [torch.segment_reduce(v, "sum", lengths=lengths, unsafe=True) for v in (kept, kept.square())]
-    return list(zip(torch.cat([counts, torch.stack(sums, 1)], 1).unbind(), low.unsqueeze(1).unbind(),
-                    high.unsqueeze(1).unbind()))
+def finite_ends(flat: Tensor) -> tuple[float, float] | None:
+    """``(min, max)`` of a non-empty CPU tensor whose elements are all finite; None on another device
+    (where reading a value waits for the device), for an empty tensor, or where an element is NaN or
+    infinite (NaN reaches both ends)."""
+    if not flat.numel() or flat.device.type != "cpu":
+        return None
+    low, high = (end.item() for end in torch.aminmax(flat))
+    return (low, high) if math.isfinite(low) and math.isfinite(high) else None
 
 
-def binned(xs: list[Tensor]) -> tuple[list[Tensor], Tensor]:
-    """Each element's bin and each tensor's extent, in ops that ``torch.compile`` traces into one pass.
-
-    The compiled routes' binning: their stored changes, grads and parameters are binned where they
-    are formed, and the bins counted outside the compiled graph (:func:`counted_bins`).
-
-    Args:
-        xs: real floating tensors of dtypes of :data:`BITS` (any shapes).
-
-    Returns:
-        ``(bins, extents)``: per tensor its elements' bins, uint8 of its number of elements
-        (:data:`NBINS` for a non-finite element), and float64 ``(len(xs), 4)``: per tensor
-        ``(min, max, Σx, Σx²)`` of its finite elements (min +inf and max -inf where none is).
-    """
-    bins, extents = [], []
-    for x in xs:
-        flat = x.reshape(-1)
-        bins.append(element_bins(flat))
-        finite = torch.isfinite(flat)
-        kept = torch.where(finite, flat, 0.0).double()
-        extents.append(torch.stack([torch.where(finite, flat, math.inf).amin().double(),
-                                    torch.where(finite, flat, -math.inf).amax().double(),
-                                    kept.sum(), kept.square().sum()]))
-    return bins, torch.stack(extents)
-
-
-def counted_bins(bins: list[Tensor], extents: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
-    """The values of the pieces of each tensor that :func:`binned` binned.
-
-    Args:
-        bins: per tensor, its elements' bins (uint8, any length, on one device).
-        extents: float64 ``(len(bins), 4)``, per tensor ``(min, max, Σx, Σx²)``.
-
-    Returns:
-        Per tensor, as :func:`segment_values`'.
-    """
-    counts = torch.stack([_count(b, NBINS + 1) for b in bins])[:, :NBINS].double()
-    return list(zip(torch.cat([counts, extents[:, 2:4]], 1).unbind(), extents[:, 0:1].unbind(),
-                    extents[:, 1:2].unbind()))
-
-
-def _keys_counted(flat: Tensor, finite: bool, work: Any) -> tuple[Tensor, Tensor]:
+def keys_counted(flat: Tensor, finite: bool, work: Workspace | None) -> tuple[Tensor, Tensor]:
     """The fold table of a 1-D tensor of a dtype of :data:`BITS` and the counts of its keys (int64,
     one per key of the table); ``finite``: each of its elements is (:func:`finite_keys`)."""
     table = fold(flat.dtype, flat.device, finite)
-    return table, _count(finite_keys(flat, work) if finite else keys(flat, work), len(table))
+    return table, occurrences(finite_keys(flat, work) if finite else keys(flat, work), len(table))
 
 
-def _count(key: Tensor, size: int) -> Tensor:
+def occurrences(key: Tensor, size: int) -> Tensor:
     """How many of ``key`` (uint8, int32 or int64, values in ``[0, size)``) hold each value: int64 ``(size,)``.
 
     ``bincount`` on a CPU, where its read of the largest key to size its result costs nothing (and it
@@ -390,13 +189,13 @@ def _count(key: Tensor, size: int) -> Tensor:
     return held.index_add_(0, key, torch.ones(1, dtype=torch.int64, device=key.device).expand(key.numel()))
 
 
-def _folded(held: Tensor, table: Tensor) -> Tensor:
+def folded(held: Tensor, table: Tensor) -> Tensor:
     """Float64 ``(k, NBINS)`` counts of the bins from k rows of counts of keys, int64 ``(k, len(table))``."""
     out = torch.zeros(held.shape[0], NBINS + 1, dtype=torch.float64, device=held.device)
     return out.index_add_(1, table, held.double())[:, :NBINS]
 
 
-def keys(flat: Tensor, work: Any = None) -> Tensor:
+def keys(flat: Tensor, work: Workspace | None = None) -> Tensor:
     """Each element's key, from its bits: ``E`` (the biased exponent) for a positive element,
     ``E' + top + 2`` for a negative one (``E'`` that of ``|x|`` less one unit in the last place, -1
     for -0.0; ``top`` the all-ones exponent), and -inf moved to the key of +inf.
@@ -422,7 +221,7 @@ def keys(flat: Tensor, work: Any = None) -> Tensor:
     return key if kind is not torch.int16 else key.int()  # counted as int32 (_count)
 
 
-def finite_keys(flat: Tensor, work: Any = None) -> Tensor:
+def finite_keys(flat: Tensor, work: Workspace | None = None) -> Tensor:
     """Each element's key, from its bits, for a tensor whose elements are all finite: ``E`` (the biased
     exponent) for a positive element, ``E' + top + 1`` for a negative one (``E'`` that of ``|x|`` less
     one unit in the last place; ``top`` the all-ones exponent); -0.0, whose bits less one wrap round to
@@ -461,7 +260,7 @@ def _shifts(dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor, T
     return _SHIFTS[dtype, device]
 
 
-def _room(work: Any, name: str, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+def _room(work: Workspace | None, name: str, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     """A temporary shaped like ``like`` (of its dtype, or ``dtype``): ``work``'s buffer ``name``, valid
     until its next request of that name, or a new tensor where ``work`` is None."""
     kind = like.dtype if dtype is None else dtype
@@ -470,12 +269,13 @@ def _room(work: Any, name: str, like: Tensor, dtype: torch.dtype | None = None) 
 
 def fold(dtype: torch.dtype, device: torch.device, finite: bool = False) -> Tensor:
     """Key -> bin, int64 on ``device``: of :func:`keys`, or with ``finite`` of :func:`finite_keys`
-    (:data:`NBINS` for a key not binned: inf, NaN), by :func:`element_bins`' rule (``_steps``)."""
+    (:data:`NBINS` for a key not binned: inf, NaN), by the rule of
+    :func:`~monitored_optim.capture.binning.element_bins` (:func:`steps`)."""
     table = _FOLDS.get((dtype, device, finite))
     if table is None:
         top = (1 << BITS[dtype][2]) - 1
         e = torch.arange(-1, top + 1)  # E' of a negative from -1 (-0.0), E of a positive from 0
-        up, down = ZERO + _steps(e[1:], top >> 1), ZERO - _steps(e, top >> 1)
+        up, down = ZERO + steps(e[1:], top >> 1), ZERO - steps(e, top >> 1)
         up[top] = down[top + 1] = NBINS
         if finite:  # top: -0.0; a negative's E' from 0
             up[top], down = ZERO, down[1:]
@@ -483,28 +283,7 @@ def fold(dtype: torch.dtype, device: torch.device, finite: bool = False) -> Tens
     return table
 
 
-def element_bins(flat: Tensor) -> Tensor:
-    """Each element's bin, from its bits in elementwise integer ops (no lookup, which a compiled loop
-    cannot vectorise): its sign and the exponent ``E`` of ``|x|``, of ``|x|`` less one unit in the last
-    place for a negative one (so that ``-2**k`` is the lower end of its bin).
-
-    Args:
-        flat: 1-D tensor of a dtype of :data:`BITS`.
-
-    Returns:
-        uint8 tensor like ``flat``: the bins, :data:`NBINS` for a non-finite element.
-    """
-    kind, mantissa, exponent = BITS[flat.dtype]
-    top = (1 << exponent) - 1
-    bits = flat.contiguous().view(kind)
-    negative = bits < 0
-    magnitude = bits & ~torch.iinfo(kind).min
-    steps = _steps((magnitude - negative.to(kind)) >> mantissa, top >> 1)  # -0.0: E' = -1
-    side = torch.where(negative, ZERO - steps, ZERO + steps)
-    return torch.where(magnitude >= top << mantissa, NBINS, side).to(torch.uint8)
-
-
-def _steps(e: Tensor, bias: int) -> Tensor:
+def steps(e: Tensor, bias: int) -> Tensor:
     """How many bins from :data:`ZERO` the magnitudes ``[2**k, 2**(k+1))`` lie, k = e - bias (e a
     biased exponent, any integer tensor): 0 below ``2**LOW``, one per power of two up to ``2**HIGH``."""
     return (e - (bias + LOW - 1)).clamp(0, HIGH - LOW + 1)

@@ -25,7 +25,7 @@ import torch
 
 import truth
 from monitored_optim import Monitored, MonitorConfig
-from monitored_optim.capture import change, fused, rules
+from monitored_optim.capture import change, compiler, fused, rules
 from monitored_optim.workspace import Workspace
 
 O = torch.optim
@@ -360,11 +360,11 @@ def test_mantissa_gap_is_zero_exactly_where_the_bits_have_no_mantissa(dtype):
 def test_the_compiled_power_of_two_sums_keep_ieee_rounding_under_unsafe_math():
     """``fused.prior`` compiled with inductor's unsafe-math flag switched on by the user: its power-of-two
     sums still equal the eager ones (GCC's -funsafe-math-optimizations made fl(x + x·h) - x into x·h,
-    never 0; ``fused.INDUCTOR`` switches it off)."""
+    never 0; ``compiler.INDUCTOR`` switches it off)."""
     xs = [torch.ones(64, 64), torch.eye(32) + 0.5 * torch.eye(32).roll(1, 0)]
     torch._dynamo.reset()
     with torch._inductor.config.patch({"cpp.enable_unsafe_math_opt_flag": True}):
-        got = torch.compile(fused.prior, dynamic=True, options=fused.INDUCTOR)(xs)
+        got = torch.compile(fused.prior, dynamic=True, options=compiler.INDUCTOR)(xs)
     torch._dynamo.reset()
     assert got[:, 5].tolist() == fused.prior(xs)[:, 5].tolist() == [4096.0, 32.0 * 1.25]
     assert torch.tensor(1e-40) * 1.0 != 0  # subnormals still work in this process

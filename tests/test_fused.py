@@ -245,10 +245,10 @@ def test_a_parameter_that_leaves_the_flat_capture_keeps_its_ratios(tmp_path):
 def test_inductor_options_this_torch_does_not_know_are_left_out(monkeypatch):
     """torch.compile refuses an option its inductor does not know (torch 2.11 has no
     ``realize_cpu_opcount_threshold``, which 2.13 has): such options are left out, the others kept."""
-    from monitored_optim.capture import fused
+    from monitored_optim.capture import compiler
 
-    monkeypatch.setitem(fused.INDUCTOR, "an_option_of_a_later_torch", 1)
-    options = fused._inductor_options()
+    monkeypatch.setitem(compiler.INDUCTOR, "an_option_of_a_later_torch", 1)
+    options = compiler._inductor_options()
     assert "an_option_of_a_later_torch" not in options
     assert options["realize_reads_threshold"] == 64 and options["cpp.enable_unsafe_math_opt_flag"] is False
 
@@ -270,7 +270,7 @@ def test_whole_parameters_go_to_a_compiled_function_at_most_chunk_at_a_time():
 def test_a_compiled_call_keeps_at_least_recompiles_graphs_and_leaves_the_users_limit(monkeypatch, tmp_path, limit):
     """Inside each compiled call of the fused capture Dynamo may keep RECOMPILES graphs per function
     (or the user's higher limit), and after it the user's own limit is back as it was."""
-    from monitored_optim.capture import fused
+    from monitored_optim.capture import compiler
 
     seen = []
     compile_ = torch.compile
@@ -286,7 +286,7 @@ def test_a_compiled_call_keeps_at_least_recompiles_graphs_and_leaves_the_users_l
     with torch._dynamo.config.patch(recompile_limit=limit):
         _train(model, opt, 2, check=True)
         assert torch._dynamo.config.recompile_limit == limit
-    assert seen and set(seen) == {max(limit, fused.RECOMPILES)}
+    assert seen and set(seen) == {max(limit, compiler.RECOMPILES)}
 
 
 def test_describe_plans_the_next_logging_step_as_the_last_one_ran(tmp_path):

@@ -20,6 +20,7 @@ from torch import nn
 
 from monitored_optim import MonitorConfig, Monitored
 from monitored_optim import histograms as H
+from monitored_optim.capture import binning
 
 STEPS = 3
 
@@ -175,9 +176,9 @@ def test_the_finite_path_counts_as_the_general_one(dtype):
     zeros = torch.full((1037,), -0.0, dtype=torch.float64)
     top, bottom = torch.cat([small, small.new_tensor([info.max])]), torch.cat([small, small.new_tensor([-info.max])])
     for x in (top, bottom, small, spread, zeros, torch.cat([spread, zeros, -spread]), zeros[:3]):
-        flat = H._flat(x.to(dtype), None)
-        assert H._finite_ends(flat) is not None  # the finite path is the one taken
-        general = H._folded(H._count(H.keys(flat), len(H.fold(flat.dtype, flat.device))).view(1, -1),
+        flat = H.flattened(x.to(dtype), None)
+        assert H.finite_ends(flat) is not None  # the finite path is the one taken
+        general = H.folded(H.occurrences(H.keys(flat), len(H.fold(flat.dtype, flat.device))).view(1, -1),
                             H.fold(flat.dtype, flat.device))[0]
         assert torch.equal(H.counts(x.to(dtype)), general)
         with np.errstate(over="ignore"):  # the truth's sum of squares of float64's max: only its counts are read
@@ -197,7 +198,7 @@ def test_each_element_s_bin_from_its_bits_is_its_key_s_fold_and_numpy_s(dtype):
     special = torch.tensor([0.0, -0.0, info.tiny, -info.tiny, info.tiny / 2, -info.tiny / 2, info.max, -info.max,
                             math.inf, -math.inf, math.nan], dtype=torch.float64)
     x = torch.cat([edges, -edges, edges * (1 + 1e-6), edges * (1 - 1e-6), spread, special]).to(dtype)
-    bins = H.element_bins(x)
+    bins = binning.element_bins(x)
     assert bins.dtype is torch.uint8
     assert torch.equal(bins.long(), H.fold(dtype, x.device)[H.keys(x)])
     assert (bins[-3:] == H.NBINS).all()
@@ -308,8 +309,8 @@ def test_a_compiled_call_bins_within_its_share_of_the_parameters_or_the_floor(mo
     if floor == 0:
         monkeypatch.setattr(fused, "BINS_BYTES", 0)
     calls = []
-    bin_whole = fused._bin_whole
-    monkeypatch.setattr(fused, "_bin_whole", lambda part, *rest: (calls.append([e.p.numel() for e in part]),
+    bin_whole = binning.bin_whole
+    monkeypatch.setattr(binning, "bin_whole", lambda part, *rest: (calls.append([e.p.numel() for e in part]),
                                                                  bin_whole(part, *rest))[1])
     net = Wide()
     whole = {n: p.numel() for n, p in net.named_parameters() if p.numel() > fused.SMALL}
@@ -513,7 +514,7 @@ def test_the_extent_is_that_of_the_finite_elements(dtype):
     non-finite ones among them (the CPU's unmasked path and the masked one), where max - min
     overflows, and with none finite; over more than one slice."""
     g = torch.Generator().manual_seed(0)
-    base = torch.randn(H.PART_ELEMENTS + 1000, generator=g, dtype=torch.float64) * 1e-3
+    base = torch.randn(binning.PART_ELEMENTS + 1000, generator=g, dtype=torch.float64) * 1e-3
     big = torch.finfo(dtype).max
     cases = [base, torch.cat([base, torch.tensor([math.nan, math.inf, -math.inf])]),
              torch.tensor([big, -big, 1.0]), torch.tensor([math.nan, math.inf])]
@@ -522,7 +523,7 @@ def test_the_extent_is_that_of_the_finite_elements(dtype):
 
     for x in cases:
         x = x.to(dtype)
-        tally, step, owner = H.Tally(), Step(), object()
+        tally, step, owner = binning.Tally(), Step(), object()
         tally.open(step)
         tally.add(owner, "param_hist", x)
         [(_, got)] = tally.pieces()
@@ -550,7 +551,7 @@ def test_a_tally_adds_the_parts_of_each_owner_into_the_histogram_of_the_whole(dt
     class Step:  # a logging step's batch, held weakly
         pass
 
-    tally, step = H.Tally(), Step()
+    tally, step = binning.Tally(), Step()
     tally.open(step)
     a, b = object(), object()
     for part in first:

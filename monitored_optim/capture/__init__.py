@@ -11,7 +11,7 @@ parameter's device pieces (:mod:`monitored_optim.pieces`).
 Words used throughout:
 
 * *entry*: one parameter, or one *part* (a flat slice) of a large one, on a logging step;
-* *route*: how a parameter's p_before and u are taken (the plan's table);
+* *route*: how a parameter's p_before and u are taken (:mod:`~monitored_optim.capture.route`);
 * *snapshot*: an exact copy of p_before; *inversion*: p_before recovered from p_after and the
   view's update, the store's rounding undone;
 * *view*: the object that rebuilds an optimizer's update from its state (:mod:`monitored_optim.updates`);
@@ -36,14 +36,14 @@ from torch import Tensor
 from .. import stats
 from ..config import Settings, every_parameter
 from ..hosted import Hosted
-from ..updates import CLONE, View, elementwise, raw_step
+from ..updates import View, elementwise, raw_step
 from .eager import Eager, chunks, record_grads
-from .fused import Fused, chunk_flat, dense_grad
-from .plan import (CLONED, FUSED_COPY, FUSED_REBUILD, Entries, Entry, Plan, Planned, Roster,
-                   Stepped, assign_slots, composition, fingerprint, frozen, names, route)
-from .rules import CentringMemory, RiskMemory, shared, snapshot_reason
-from .spent import FLAT_LABEL, Spent, taken as taken_label
-from .change import PART_ELEMENTS, Part, budget, parts
+from .fused import Fused, dense_grad
+from .plan import Entries, Entry, Plan, Roster, Stepped, assign_slots, build, composition, fingerprint, frozen, names
+from .route import CLONED, FLAT, FUSED_COPY, FUSED_REBUILD, SKIPPED, Route
+from .rules import CentringMemory, RiskMemory
+from .spent import Spent, taken as taken_label
+from .change import PART_ELEMENTS, Part, parts
 
 
 class Capture:
@@ -74,7 +74,7 @@ class Capture:
         self.view = self.eager.view = self.fused.view = view
 
     def plan_of(self, optimizer: Stepped, known: dict[int, str], fuse: bool,
-                cloned: frozenset[int] = frozenset()) -> Plan:
+                cloned: frozenset[int] = frozenset(), split: bool = True) -> Plan:
         """This logging step's :class:`~monitored_optim.capture.plan.Plan`: the last one where its
         fingerprint and the selection (a ``MonitorConfig(params=...)`` callable is asked again at
         every logging step) are the same, else a new one.
@@ -84,15 +84,16 @@ class Capture:
             known: id -> name of the parameters of watched models.
             fuse: whether the fused routes may be taken on this step.
             cloned: ids of the parameters to clone (shards that the view cannot rebuild).
+            split: whether large parameters may be cut into slices.
         """
         ways = tuple(self.fused.way(group) if fuse else None for group in optimizer.param_groups)
-        key = fingerprint(optimizer, (ways, cloned, len(known)))
+        key = fingerprint(optimizer, (ways, cloned, len(known), split, elementwise(self.view)))
         kept = self.plan if self.plan is not None and self.plan.key == key else None
         named = kept.names if kept is not None else names(optimizer, known)
         mask = self._mask(optimizer, named)
         if kept is not None and kept.mask == mask:
             return kept
-        self.plan = self.build(optimizer, key, named, mask, ways, cloned)
+        self.plan = build(optimizer, key, named, mask, ways, self.fused, self.view, cloned, split)
         self.centring.forget(e.name for chunk in self.plan.chunks for e in chunk.members)  # exact for any spread
         return self.plan
 
@@ -103,7 +104,7 @@ class Capture:
         named = names(optimizer, known)
         fuse = self.may_fuse(False, None, None) if self.fused_last is None else self.fused_last
         ways = tuple(self.fused.way(group) if fuse else None for group in optimizer.param_groups)
-        return self.build(optimizer, [], named, self._mask(optimizer, named), ways)
+        return build(optimizer, [], named, self._mask(optimizer, named), ways, self.fused, self.view)
 
     def _mask(self, optimizer: Stepped, named: list[list[str]]) -> list[bool] | None:
         """Per parameter, whether the selection chooses it; None where it chooses every parameter.
@@ -113,32 +114,6 @@ class Capture:
         if select is every_parameter:
             return None
         return [select(n, p) for group, own in zip(optimizer.param_groups, named) for n, p in zip(own, group["params"])]
-
-    def build(self, optimizer: Stepped, key: list[Any], named: list[list[str]], mask: list[bool] | None,
-              ways: tuple[str | None, ...], cloned: frozenset[int] = frozenset()) -> Plan:
-        """A new :class:`~monitored_optim.capture.plan.Plan` (see :meth:`plan_of`; ``ways``: each
-        param group's fused way, :meth:`~monitored_optim.capture.fused.Fused.way`)."""
-        chosen = iter(mask) if mask is not None else None
-        groups, flat, params = [], [], []
-        for group, way, own in zip(optimizer.param_groups, ways, named):
-            items: list[Any] = []  # runs of flat entries (lists) and a Planned for each other parameter
-            for name, p in zip(own, group["params"]):
-                if chosen is not None and not next(chosen):
-                    continue
-                params.append(p)
-                form = self.fused.form(p) if way is not None else None
-                if form != "flat":
-                    clone = _CLONE_VIEW if self.view is CLONE else _SHARD if id(p) in cloned else None
-                    items.append(Planned(name, p, form == "whole", clone))
-                    continue
-                flat.append(Entry(name, group, p, None, fused=True))
-                if not (items and isinstance(items[-1], list)):
-                    items.append([])
-                items[-1].append(flat[-1])
-            groups.append((group, way, items))
-        return Plan(key, named, mask, groups,  # storage shared with any parameter, chosen or not
-                    shared(p for group in optimizer.param_groups for p in group["params"]),
-                    budget(sum(p.numel() * p.element_size() for p in params)), chunk_flat(flat))
 
     @torch.no_grad()
     def before(self, optimizer: Stepped, batch: stats.Batch, grad_scale: Tensor | None,
@@ -155,30 +130,28 @@ class Capture:
             groups: the indices of the param groups that this call of the base step steps (an engine
                 that steps its groups one call at a time); None: all of them.
         """
-        plan = self.plan_of(optimizer, known, fuse, cloned)
+        plan = self.plan_of(optimizer, known, fuse, cloned, split)
         self.fused_last = fuse
-        routes = self.spent.record(batch).routes
+        routes, view = self.spent.record(batch).routes, type(self.view).__name__
         self.eager.tally.open(batch)
         self.eager.shared = plan.shared
         entries, unflat, copies = [], [], []
         blocks: list[list[Entry] | Entry] = []  # runs of flat entries, and the first part of each other
-        cut = split and elementwise(self.view)
         assert batch.work is not None  # a logging step's batch has its workspace
         self.budget = batch.work.nbytes = plan.budget  # the batch's buffers: one chunk's temporaries
-        for i, (group, way, items) in enumerate(plan.groups):
+        for i, (group, items) in enumerate(plan.groups):
             if groups is not None and i not in groups:
                 continue
             for item in items:
                 if isinstance(item, list):  # a run of flat entries: copied into their chunks' buffers, no part
-                    routes.update((e.name, FLAT_LABEL) for e in item)
+                    routes.update((e.name, Route(FLAT).label(view)) for e in item)
                     entries += item
                     blocks.append(item)
                     continue
                 p = item.p
-                if not (p.is_floating_point() or p.is_complex()):
-                    continue  # integer tensors (frozen quantized weights) are never stepped
-                reason = snapshot_reason(p, id(p) in plan.shared, self.risky(item.name))
-                taken = route(item, way, reason, dense_grad(p))
+                taken = item.route(self.risky(item.name), dense_grad(p))
+                if taken.kind == SKIPPED:
+                    continue
                 if taken.kind == FUSED_COPY:  # the snapshot rule's copy, taken compiled
                     made = [Entry(item.name, group, p, None, fused=True)]
                     copies += made
@@ -186,12 +159,13 @@ class Capture:
                     made = [self.eager.entry(item.name, group, Part(p, optimizer.state.get(p, {}), p), None, None,
                                              True)]
                 else:
-                    reason = "clone" if taken.kind == CLONED else reason
+                    reason = "clone" if taken.kind == CLONED else taken.reason
                     made, lead = [], None
-                    for part in parts(p, optimizer.state.get(p, {}), cut, self.budget // p.element_size()):
+                    for part in parts(p, optimizer.state.get(p, {}), taken.slices > 1, self.budget // p.element_size()):
                         made.append(self.eager.entry(item.name, group, part, reason, lead, work=batch.work))
                         lead = lead or made[-1]
-                routes[item.name] = taken_label(taken, type(self.view).__name__, [e.snapshot for e in made])
+                    taken = taken._replace(slices=len(made))  # as cut: a sparse or scattered grad is not
+                routes[item.name] = taken_label(taken, view, [e.snapshot for e in made])
                 entries += made
                 unflat += made
                 blocks.append(made[0])
@@ -267,10 +241,6 @@ class Capture:
     def release(self) -> None:
         """Let go of the parameters the plan holds."""
         self.plan = self._roster = None
-
-
-_CLONE_VIEW = "no state-aware view for this optimizer's step"
-_SHARD = "a shard that the view cannot rebuild"
 
 
 def closure_is_first(optimizer_cls: type) -> bool:

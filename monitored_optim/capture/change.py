@@ -79,18 +79,16 @@ def parts(p: Tensor, state: dict[str, Any], elementwise: bool, limit: int = PART
     state (``elementwise``: the element-wise views) and the grad is dense. Slices are flat where p,
     its grad and its p-shaped state are all contiguous, else along the first dimension.
     """
-    n = p.numel()
     grad = p.grad
     shaped = [v for v in state.values() if isinstance(v, Tensor) and v.shape == p.shape]
-    if not elementwise or n <= limit or p.dim() == 0 or (grad is not None and grad.is_sparse) \
+    if slices(p, elementwise, limit) == 1 or (grad is not None and grad.is_sparse) \
             or any(v.is_sparse for v in shaped):
         return [Part(p, state, p)]
     flat = all(t.is_contiguous() for t in [p, *shaped, *([] if grad is None else [grad])])
     if not flat and p.dim() < 2:
         return [Part(p, state, p)]
-    cols = n // p.shape[0] if p.dim() >= 2 else 1
-    rows = max(1, limit // cols)  # whole rows per part where a row fits (spectral's products)
-    length, step = (n, rows * cols if cols <= limit else limit) if flat else (p.shape[0], rows)
+    rows, cols = _rows(p, limit)
+    length, step = (p.numel(), rows * cols if cols <= limit else limit) if flat else (p.shape[0], rows)
     out = []
     for start in range(0, length, step):
         span = slice(start, min(length, start + step))
@@ -98,6 +96,23 @@ def parts(p: Tensor, state: dict[str, Any], elementwise: bool, limit: int = PART
         piece.grad = None if grad is None else _cut(grad, span, flat)
         out.append(Part(piece, _slice_state(state, p, span, flat), p, span, flat))
     return out
+
+
+def slices(p: Tensor, elementwise: bool, limit: int = PART_ELEMENTS) -> int:
+    """How many parts :func:`parts` cuts ``p`` into where its grad and state are dense and it, its
+    grad and its p-shaped state are contiguous (1: it is not cut)."""
+    n = p.numel()
+    if not elementwise or n <= limit or p.dim() == 0:
+        return 1
+    rows, cols = _rows(p, limit)
+    return -(-n // (rows * cols if cols <= limit else limit))
+
+
+def _rows(p: Tensor, limit: int) -> tuple[int, int]:
+    """``(rows, cols)``: the whole rows of the first dimension a part of ``p`` holds where a row fits
+    in ``limit`` elements (spectral's products; else 1), and the elements of a row."""
+    cols = p.numel() // p.shape[0] if p.dim() >= 2 else 1
+    return max(1, limit // cols), cols
 
 
 def _cut(t: Tensor, span: slice, flat: bool) -> Tensor:

@@ -18,6 +18,7 @@ from .. import histograms, pieces, stats
 from ..families.base import Family
 from ..updates import Cloned, Rows, Summed, View, rebuild
 from ..updates.clone import fetched
+from .binning import Tally
 from .plan import Entry
 from .rules import HALF_ULP, LOW_PRECISION, CentringMemory, at_powers_of_two, at_powers_of_two_bound
 from ..workspace import Workspace
@@ -40,7 +41,7 @@ class Eager:
         self.view, self.verify, self.families = view, verify, families
         self.reductions, self.centring = reductions, centring
         self.binned = any(fam.binned for fam in families)  # p, grad and u binned (the histograms family)
-        self.tally = histograms.Tally()  # the logging step's histograms of parts
+        self.tally = Tally()  # the logging step's histograms of parts
         self.reads_parts = any(type(fam).part is not Family.part for fam in families)  # a family's part hook
         self.reads_u = self.binned or self.reads_parts  # each stored change is formed
         self.shared: set[int] = set()  # ids of this step's parameters whose storage is shared

@@ -35,30 +35,18 @@ from torch import Tensor
 from torch._utils import _flatten_dense_tensors
 
 from .. import histograms, stats
-from .._warnings import warn
 from ..updates import CLONE, Cloned, View, rebuild
+from . import binning
+from .compiler import Fuser, enabled
+from .binning import Bins, bins_of
 from .plan import Entry, Flat
+from .route import SMALL
 from .rules import at_powers_of_two
 from .change import exact_change, stored_change
 
 CHUNK = 32
 """Most parameters handed to one call: larger chunks mean fewer calls but longer compiles (inductor's
 compile time grows with the graph)."""
-
-RECOMPILES = 64
-"""Graphs kept per fused function (one per chunk signature: count, ranks, kind, rebuild); Dynamo's
-default of 8 would send a model with many signatures (conv nets) back to eager."""
-
-
-def enabled(mode: str, device: torch.device) -> bool:
-    """Whether the fused path runs for parameters on ``device`` under ``MonitorConfig(compile=mode)``.
-
-    ``auto`` fuses on CUDA only: there every small op of the eager capture is a kernel launch, while
-    on a CPU the first logging step's compile (39 s for the benchmark's 75-tensor model on 2 cores
-    with an empty inductor cache, 3 s from the cache in a later process; README "Cost") is worth it
-    only over thousands of logging steps."""
-    return mode == "on" or (mode == "auto" and device.type == "cuda")
-
 
 BINS_SHARE = 64
 """Where the histograms are on, the bins of one call take at most 1/BINS_SHARE of the bytes of the
@@ -68,11 +56,6 @@ parameters taken whole (1.6%: a logging step's extra memory stays within 2% of t
 BINS_BYTES = 1 << 22
 """The bytes of bins that one call may always take (4 MiB, a few temporaries' worth): a small model's
 whole parameters are then binned in as few calls as they would be without the histograms."""
-
-SMALL = 1 << 12
-"""Elements up to which a parameter is captured *flat* (eagerly, compiling or not): copied whole into one flat
-buffer with the other small parameters of its chunk before the step (its exact snapshot), so that a
-chunk of thousands of biases and norm gains costs a few ops, not a few per tensor."""
 
 FLAT_ELEMENTS = 1 << 14
 """Most elements of one flat chunk (its float64 temporaries stay a few MiB)."""
@@ -196,11 +179,12 @@ def inverted(rebuild: Callable[..., list[Tensor]], args: tuple[Any, ...], factor
         s: the decoupled-decay factor 1 - lr·λ (a 0-dim tensor: p ← s·p before the add), or None.
         extremes: the bounds of the parameters before the step (:func:`prior`), float64 ``(k, 2)``.
         after: the k parameters after the step (float32/float64, each with its grad in ``grads``).
-        binned: whether u, p and the grads are binned (:func:`bins_of`).
+        binned: whether u, p and the grads are binned (:func:`~monitored_optim.capture.binning.bins_of`).
 
     Returns:
         ``(rows, bins)``: float64 ``(2, k, 3)``, :func:`shifted_rows` of the grad and of u (those of
-        p_before come from :func:`prior`), and :func:`bins_of` them (None unless ``binned``).
+        p_before come from :func:`prior`), and :func:`~monitored_optim.capture.binning.bins_of` them
+        (None unless ``binned``).
     """
     changes = []
     for p, r, f, (lo, hi) in zip(after, rebuild(*args), factors.unbind(), extremes.unbind()):
@@ -234,20 +218,11 @@ def grad_and_change_rows(grads: list[Tensor], changes: list[Tensor]) -> Tensor:
     return torch.stack([shifted_rows(grads), shifted_rows(changes)])
 
 
-Bins = tuple[list[Tensor], Tensor]
-"""The bins and extents of tensors (:func:`~monitored_optim.histograms.binned`)."""
-
-
-def bins_of(changes: list[Tensor], after: list[Tensor], grads: list[Tensor], binned: bool) -> Bins | None:
-    """:func:`~monitored_optim.histograms.binned` of the k stored changes u, the k parameters after the
-    step and their k grads, in that order (``3k`` bins, extents ``(3k, 4)``); None unless ``binned``."""
-    return histograms.binned([*changes, *after, *grads]) if binned else None
-
-
 def snapshotted(before: list[Tensor], after: list[Tensor], grads: list[Tensor],
                 binned: bool = False) -> tuple[Tensor, Tensor, Bins | None]:
     """Rows of p_before, grad and u of parameters with an exact snapshot, their power-of-two sums,
-    and where ``binned`` their :func:`bins_of`, u formed in float64 (exact also where it crosses 0).
+    and where ``binned`` their :func:`~monitored_optim.capture.binning.bins_of`, u formed in float64
+    (exact also where it crosses 0).
 
     Returns float64 ``(3, k, 3)``, :func:`~monitored_optim.capture.rules.at_powers_of_two` of each ``(k,)``,
     and the bins or None."""
@@ -261,58 +236,6 @@ def snapshotted(before: list[Tensor], after: list[Tensor], grads: list[Tensor],
 def copied(xs: list[Tensor]) -> list[Tensor]:
     """Exact copies of ``xs`` (the snapshot rule's p_before of a chunk), one kernel for all when compiled."""
     return [x.clone() for x in xs]
-
-
-INDUCTOR = {"realize_reads_threshold": 64, "realize_opcount_threshold": 1000, "realize_cpu_opcount_threshold": 1000,
-            "cpp.enable_unsafe_math_opt_flag": False}
-"""Inductor options of the fused passes: recompute each element's p_before and u in every sum that
-reads it rather than keep parameter-sized buffers for them (the memory the fused capture exists to
-save), and keep IEEE float semantics whatever the user's inductor settings (the inversion of the
-store and :func:`~monitored_optim.capture.rules.mantissa_gap` rely on each rounding)."""
-
-
-def _inductor_options() -> dict[str, Any]:
-    """:data:`INDUCTOR`, less the options this torch's inductor does not know (torch 2.11 has no
-    ``realize_cpu_opcount_threshold``; ``torch.compile`` refuses an unknown option)."""
-    from torch._inductor import config
-
-    known = config.get_config_copy()
-    return {key: value for key, value in INDUCTOR.items() if key in known}
-
-
-class Fuser:
-    """The fused capture's functions of one monitor under ``MonitorConfig(compile=mode)``: compiled
-    where :func:`enabled`, eager elsewhere, and back to eager where compiling fails (warned once;
-    the same figures, at the eager speed)."""
-
-    def __init__(self, mode: str = "auto") -> None:
-        self.mode = mode
-        self._compiled: dict[str, Callable[..., Tensor]] = {}
-        self._failed = False
-
-    def __call__(self, fn: Callable[..., Any], *args: Any, device: torch.device) -> Any:
-        """``fn(*args)``, compiled (dynamic shapes) where :func:`enabled` for ``device``, else or after
-        a failure eagerly."""
-        if enabled(self.mode, device) and not self._failed:
-            try:  # building the compiled function can fail too (an option this torch refuses)
-                compiled = self._compiled.get(fn.__name__)
-                if compiled is None:
-                    compiled = self._compiled[fn.__name__] = torch.compile(fn, dynamic=True,
-                                                                           options=_inductor_options())
-                config = torch._dynamo.config  # set and put back by hand (config.patch is far slower)
-                limit = config.recompile_limit
-                config.recompile_limit = max(limit, RECOMPILES)
-                try:
-                    return compiled(*args)
-                finally:
-                    config.recompile_limit = limit
-            except Exception as err:  # noqa: BLE001 - any compiler failure: run eagerly instead
-                self._failed = True
-                warn(f"monitored_optim: compiling the fused capture failed ({type(err).__name__}: "
-                     f"{str(err).splitlines()[0] if str(err) else ''}); it runs eagerly from now on, with the same "
-                     "figures; MonitorConfig(compile=False) or MONITORED_OPTIM_COMPILE=0 uses the eager capture",
-                     RuntimeWarning)
-        return fn(*args)
 
 
 def chunk_flat(small: list[Entry]) -> list[Flat]:
@@ -344,10 +267,11 @@ class Fused:
 
     Args:
         view: the monitor's update view.
-        mode: ``MonitorConfig.compile`` (see :func:`enabled`).
+        mode: ``MonitorConfig.compile`` (see :func:`~monitored_optim.capture.compiler.enabled`).
         binned: the histograms family is on: the p, grads and u of the flat chunks are binned
-            (:func:`~monitored_optim.histograms.segment_values`), and those of whole parameters in
-            their compiled pass (:func:`bins_of`), a call's bins within the logging step's budget.
+            (:func:`~monitored_optim.capture.binning.segment_values`), and those of whole parameters in
+            their compiled pass (:func:`~monitored_optim.capture.binning.bins_of`), a call's bins
+            within the logging step's budget.
     """
 
     def __init__(self, view: View, mode: str, binned: bool = False) -> None:
@@ -368,14 +292,18 @@ class Fused:
     def form(self, p: Tensor) -> str | None:
         """The form the fused routes may take ``p`` in where its group's :meth:`way` allows it, from
         its metadata alone: ``"flat"`` (a non-empty dense float32/float64 parameter of at most
-        :data:`SMALL` elements), ``"whole"`` (a larger one, where compiling is enabled for its
-        device), or None (eager)."""
+        :data:`~monitored_optim.capture.route.SMALL` elements), ``"whole"`` (a larger one, where
+        compiling is enabled for its device), or None (eager)."""
         if type(p) not in (Tensor, torch.nn.Parameter) or p.dtype not in (torch.float32, torch.float64) \
                 or p.layout is not torch.strided or p.numel() == 0:
             return None
         if p.numel() <= SMALL:
             return "flat"
         return "whole" if enabled(self.mode, p.device) else None
+
+    def chunks(self, flat: list[Entry]) -> list[Flat]:
+        """The entries captured flat, laid into chunks (:func:`chunk_flat`)."""
+        return chunk_flat(flat)
 
     def before(self, chunks: list[Flat], copies: list[Entry], whole: list[Entry], batch: stats.Batch) -> list[Tensor]:
         """Take p_before of the fused routes; returns the flat chunks' (one buffer per chunk).
@@ -413,7 +341,7 @@ class Fused:
             rows = flat(before, after, grad, chunk.lengths)  # eager: faster than compiled here
             _put(batch, chunk.members, rows, stats.KINDS, present, chunk.sizes)
             if self.binned:
-                _bin(chunk, before, after, grad, present)
+                binning.bin_flat(chunk, before, after, grad, present)
         total = sum(e.p.numel() * e.p.element_size() for e in entries)
         room = max(total // BINS_SHARE, BINS_BYTES)  # for one call's bins: a byte per element and series
         most = room // len(histograms.KEYS) if self.binned else math.inf
@@ -436,7 +364,7 @@ class Fused:
                                                     bounds)
                 _put(batch, part, rows, stats.KINDS if key[-1] else stats.KINDS[1:], present)
                 if bins is not None:
-                    _bin_whole(part, bins, present)
+                    binning.bin_whole(part, bins, present)
 
     def _rebuilt_rows(self, group: dict[str, Any], after: list[Tensor], states: list[dict[str, Any]],
                       grads: list[Tensor], extremes: list[Tensor]) -> tuple[Tensor, Bins | None]:
@@ -477,34 +405,6 @@ def _grads(params: list[Tensor]) -> tuple[list[Tensor], list[bool]]:
         return cast(list[Tensor], grads), present
     return ([torch.zeros_like(p) if g is None else g if g.layout is torch.strided else g.to_dense()
              for p, g in zip(params, grads)], present)
-
-
-def _bin(chunk: Flat, before: Tensor, after: Tensor, grads: Tensor, present: list[bool]) -> None:
-    """The histograms of a flat chunk's u, p after the step and grads (where present), each member's as
-    its pieces (a flat entry is its plan's: none is left from a last step); binned at once in float64,
-    where u is exact and p and the grads are as they are."""
-    laid = torch.cat([exact_change(after, before), after.double(), grads.double()])
-    _hand_out(chunk.members, histograms.segment_values(laid, chunk.lengths.repeat(len(histograms.KEYS))), present)
-
-
-def _bin_whole(part: list[Entry], bins: Bins, present: list[bool]) -> None:
-    """The histograms of a call's whole parameters from their :func:`bins_of`, as their pieces."""
-    _hand_out(part, histograms.counted_bins(*bins), present)
-
-
-def _hand_out(members: list[Entry], values: list[tuple[Tensor, Tensor, Tensor]], present: list[bool]) -> None:
-    """The members' histogram pieces from the values of their u's, then their p's, then their grads'
-    (:func:`~monitored_optim.histograms.piece_keys` order each); a grad's only where the member has a
-    grad (else none is left from a last step)."""
-    k = len(members)
-    for j, kind in enumerate(("u", "param", "grad")):
-        keys = histograms.piece_keys(histograms.KEYS[kind])
-        for e, held, got in zip(members, present, values[j * k:(j + 1) * k]):
-            if held or kind != "grad":
-                e.pieces.update(zip(keys, got))
-            else:
-                for key in keys:
-                    e.pieces.pop(key, None)
 
 
 def _put(batch: stats.Batch, chunk: list[Entry], rows: Tensor, kinds: tuple[str, ...], present: list[bool],

@@ -1,29 +1,17 @@
 """The plan of a logging step: which parameters are captured, under which names, and by which route.
 
 Everything here depends on the param groups and the tensors' metadata alone, so a :class:`Plan` is
-kept across logging steps while its :func:`fingerprint` stays the same. Per parameter it holds the
-*form* the fused capture may take (flat, whole, or eager) and whether it must be cloned;
-:func:`route` turns that, with what only a logging step knows (the snapshot rule's verdict, a dense
-grad), into the :class:`Route` the capture takes, :func:`~monitored_optim.describe.describe` shows
-and the ``monitor/`` figures count:
-
-=================  ================================================================================
-route              p_before and u
-=================  ================================================================================
-``FLAT``           small float32/float64 parameters: p_before copied into one flat buffer per chunk
-``FUSED_COPY``     a compiled copy of p_before (the snapshot rule's), u = p_after - p_before
-``FUSED_REBUILD``  u rebuilt by the view's fused form, the store's rounding inverted, compiled
-``SNAPSHOT``       an eager copy of p_before (the snapshot rule's), u = p_after - p_before
-``VIEW``           u rebuilt by the view, the store's rounding inverted (in parts where large)
-``CLONED``         a clone of p_before: no view for this optimizer, or a shard its view cannot rebuild
-=================  ================================================================================
+kept across logging steps while its :func:`fingerprint` stays the same. It decides each parameter's
+route once (:mod:`~monitored_optim.capture.route`): runs of small parameters captured flat, and a
+:class:`~monitored_optim.capture.route.Planned` for each other one, whose route a logging step reads
+with what only it knows (the snapshot rule's rounding risk, a dense grad).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -31,9 +19,10 @@ from torch import Tensor
 from .. import stats
 from .._warnings import Once, warn
 from ..models import own_names
-from ..updates import Cloned
-from .rules import LOW_PRECISION, eps as machine_eps
-from .change import Part
+from ..updates import CLONE, Cloned, View, elementwise
+from .rules import LOW_PRECISION, eps as machine_eps, shared
+from .change import Part, budget as chunk_budget, slices
+from .route import CLONED, INTEGER, SKIPPED, Planned, Route
 
 
 @dataclass(slots=True)
@@ -224,32 +213,6 @@ def fingerprint(optimizer: Stepped, extra: Any) -> list[Any]:
     return key
 
 
-FLAT, FUSED_COPY, FUSED_REBUILD, SNAPSHOT, VIEW, CLONED = (
-    "flat", "fused copy", "fused rebuild", "snapshot", "view", "clone")
-"""The routes (see the module docstring)."""
-
-
-class Route(NamedTuple):
-    """The route one parameter takes at a logging step (the module docstring's table), and why.
-
-    Attributes:
-        kind: :data:`FUSED_COPY`, :data:`FUSED_REBUILD`, :data:`SNAPSHOT`, :data:`VIEW` or :data:`CLONED`.
-        reason: the snapshot rule's reason (:func:`~monitored_optim.capture.rules.snapshot_reason`)
-            for a snapshot, why it is cloned for a clone, else None.
-    """
-
-    kind: str
-    reason: str | None
-
-    def label(self, view: str) -> str:
-        """How ``describe()`` and the cost figures name it (``view``: the view's class name):
-        ``clone (why)``, ``snapshot (why)``, ``view (AdamView)``, with ``, fused`` for a fused route."""
-        if self.kind == CLONED:
-            return f"clone ({self.reason})"
-        fused = ", fused" if self.kind in (FUSED_COPY, FUSED_REBUILD) else ""
-        return (f"snapshot ({self.reason})" if self.kind in (SNAPSHOT, FUSED_COPY) else f"view ({view})") + fused
-
-
 class Stepped(Protocol):
     """What the capture reads of an optimizer: a ``torch.optim.Optimizer``, or under
     ``torch.distributed`` its local view (``Sharding.local``)."""
@@ -259,36 +222,6 @@ class Stepped(Protocol):
 
     @property
     def state(self) -> Any: ...
-
-
-class Planned(NamedTuple):
-    """One monitored parameter not captured flat: its name, the tensor, whether the fused capture may
-    take it whole (else eager) and why it is cloned, if it is (None: it is not)."""
-
-    name: str
-    p: Tensor
-    whole: bool
-    clone: str | None
-
-
-def route(planned: Planned, way: str | None, reason: str | None, dense_grad: bool) -> Route:
-    """The route of ``planned`` at a logging step (the module docstring's table).
-
-    Args:
-        planned: the parameter as the plan has it.
-        way: its group's fused way (:attr:`Plan.groups`): None, ``"copy"`` or ``"rebuild"``.
-        reason: why the snapshot rule copies it at this step
-            (:func:`~monitored_optim.capture.rules.snapshot_reason`), or None.
-        dense_grad: whether it has a dense grad at this step (the fused passes read it).
-    """
-    if planned.clone is not None:
-        return Route(CLONED, planned.clone)
-    if planned.whole and dense_grad:
-        if reason is not None:
-            return Route(FUSED_COPY, reason)
-        if way == "rebuild":
-            return Route(FUSED_REBUILD, None)
-    return Route(SNAPSHOT, reason) if reason is not None else Route(VIEW, None)
 
 
 @dataclass(eq=False)
@@ -301,9 +234,9 @@ class Plan:
         key: the :func:`fingerprint` it was built for.
         names: each param group's parameter names (:func:`names`).
         mask: per parameter, whether the selection chose it (None: every parameter).
-        groups: per param group, ``(group, way, items)``: its fused way (None, ``"copy"`` or
-            ``"rebuild"``) and its chosen parameters in order, as runs of consecutive ones captured
-            flat (lists of their entries) and a :class:`Planned` for each other one.
+        groups: per param group, ``(group, items)``: its chosen parameters in order, as runs of
+            consecutive ones captured flat (lists of their entries) and a
+            :class:`~monitored_optim.capture.route.Planned` for each other one.
         shared: ids of the parameters whose storage another parameter shares.
         budget: the capture's chunk budget in bytes (:func:`~monitored_optim.capture.change.budget`).
         chunks: the flat chunks.
@@ -312,10 +245,67 @@ class Plan:
     key: list[Any]
     names: list[list[str]]
     mask: list[bool] | None
-    groups: list[tuple[dict[str, Any], str | None, list[list[Entry] | Planned]]]
+    groups: list[tuple[dict[str, Any], list[list[Entry] | Planned]]]
     shared: set[int]
     budget: int
     chunks: list[Flat]
+
+
+def build(optimizer: Stepped, key: list[Any], named: list[list[str]], mask: list[bool] | None,
+          ways: tuple[str | None, ...], forms: Forms, view: View, cloned: frozenset[int] = frozenset(),
+          split: bool = True) -> Plan:
+    """A new :class:`Plan` of ``optimizer``'s parameters, each one's route decided.
+
+    Args:
+        optimizer: the optimizer, or under ``torch.distributed`` its local view.
+        key: its :func:`fingerprint`.
+        named: each param group's parameter names (:func:`names`).
+        mask: per parameter, whether the selection chose it (None: every parameter).
+        ways: each param group's fused way (None, ``"copy"`` or ``"rebuild"``).
+        forms: the fused routes' forms and chunks (:class:`~monitored_optim.capture.fused.Fused`).
+        view: the update view (the clone view: every parameter cloned; an element-wise one cuts).
+        cloned: ids of the parameters to clone (shards that the view cannot rebuild).
+        split: whether large parameters may be cut into slices.
+    """
+    chosen = iter(mask) if mask is not None else None
+    picked = [(group, way, [(n, p) for n, p in zip(own, group["params"]) if chosen is None or next(chosen)])
+              for group, way, own in zip(optimizer.param_groups, ways, named)]
+    size = chunk_budget(sum(p.numel() * p.element_size() for _, _, own in picked for _, p in own))
+    aliased = shared(p for group in optimizer.param_groups for p in group["params"])  # with any, chosen or not
+    cut = split and elementwise(view)
+    groups, flat = [], []
+    for group, way, own in picked:
+        items: list[list[Entry] | Planned] = []  # runs of flat entries and a Planned for each other parameter
+        for name, p in own:
+            form = forms.form(p) if way is not None else None
+            if form == "flat":
+                flat.append(Entry(name, group, p, None, fused=True))
+                run = items[-1] if items and isinstance(items[-1], list) else None
+                if run is None:
+                    items.append(run := [])
+                run.append(flat[-1])
+                continue
+            n = slices(p, cut, size // p.element_size())
+            clone = _CLONE_VIEW if view is CLONE else _SHARD if id(p) in cloned else None
+            fixed = (Route(SKIPPED, INTEGER) if not (p.is_floating_point() or p.is_complex())
+                     else None if clone is None else Route(CLONED, clone, n))
+            items.append(Planned(name, p, way if form == "whole" else None, id(p) in aliased, n, fixed))
+        groups.append((group, items))
+    return Plan(key, named, mask, groups, aliased, size, forms.chunks(flat))
+
+
+_CLONE_VIEW = "no state-aware view for this optimizer's step"
+_SHARD = "a shard that the view cannot rebuild"
+
+
+class Forms(Protocol):
+    """What :func:`build` asks of the fused routes."""
+
+    def form(self, p: Tensor) -> str | None:
+        """The form they may take ``p`` in: ``"flat"``, ``"whole"`` or None (eager)."""
+
+    def chunks(self, flat: list[Entry]) -> list[Flat]:
+        """The entries captured flat, laid into chunks (each entry's ``flat`` set)."""
 
 
 def assign_slots(blocks: list[Any], first: int) -> None:

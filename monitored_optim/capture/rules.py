@@ -130,7 +130,7 @@ def mantissa_gap(x: Tensor, out: Tensor | None = None) -> Tensor:
     always for subnormals: harmless for the sums of squares this test serves, which are 0 there.
     Only element-wise float ops, so that inductor fuses the test into the pass that reads x for its
     sums (:func:`~monitored_optim.capture.fused.prior`); compiled code must keep IEEE semantics
-    (:data:`~monitored_optim.capture.fused.INDUCTOR`: unsafe math turns this into x·h, never 0).
+    (:data:`~monitored_optim.capture.compiler.INDUCTOR`: unsafe math turns this into x·h, never 0).
 
     Args:
         x: a float32/float64 tensor (any shape).

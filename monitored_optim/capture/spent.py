@@ -31,8 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .fused import SMALL
-from .plan import FUSED_REBUILD, VIEW, Route
+from .route import FUSED_REBUILD, VIEW, Route
 
 COPIED_BYTES, HOST_SECONDS = "monitor/copied_bytes", "monitor/host_seconds"
 """The tags of the ``monitor`` family."""
@@ -129,15 +128,12 @@ def stage(last: bool = False) -> Callable[[Callable[..., Any]], Callable[..., An
     return wrap
 
 
-FLAT_LABEL = f"copied flat (at most {SMALL:,} elements)"
-"""The route of a small parameter copied with the others of its chunk (``fused.SMALL`` elements at most)."""
-
-
 def taken(route: Route, view: str, snapshots: list[Any]) -> str:
     """The route one parameter took at a logging step, as ``describe()`` shows it.
 
     Args:
-        route: its route (:func:`~monitored_optim.capture.plan.route`).
+        route: its route (:meth:`~monitored_optim.capture.route.Planned.route`), cut into as many
+            slices as it has parts.
         view: the view's class name.
         snapshots: the snapshot of each of its parts as the view's ``before`` left it: a
             :class:`~monitored_optim.updates.Cloned` where the view fell back to a copy of p_before,
@@ -145,9 +141,8 @@ def taken(route: Route, view: str, snapshots: list[Any]) -> str:
     """
     from ..updates import Cloned, Summed
 
-    base = route.label(view)
     if route.kind not in (VIEW, FUSED_REBUILD):
-        return base
+        return route.label(view)
     n = len(snapshots)
     cloned = sum(isinstance(s, Cloned) for s in snapshots)
     summed = sum(isinstance(s, Summed) for s in snapshots)
@@ -162,5 +157,6 @@ def taken(route: Route, view: str, snapshots: list[Any]) -> str:
         told.append(f"replayed sums{of(summed)}: the view fell back to replaying the step for its sums "
                     "(its rebuild would miss the stored change), no copy")
     if not told:
-        return base + (f", in {n} slices" if n > 1 else "")
-    return "; ".join(told) if cloned + summed == n and n == 1 else base + ", " + "; ".join(told)
+        return route.label(view)
+    return "; ".join(told) if cloned + summed == n and n == 1 else route._replace(slices=1).label(view) + ", " \
+        + "; ".join(told)

@@ -5,8 +5,8 @@ of u = p_after - p_before, of the grad the step used (after clipping; unscaled w
 GradScaler step passes its scale) and of p after the step, in the fixed bins of
 :mod:`monitored_optim.histograms`, with the min, max, sum and sum of squares of the same elements.
 The capture counts each part of a parameter as it makes it, and folds and adds the parts' counts
-once per logging step (:class:`~monitored_optim.histograms.Tally`); counts and sums add over parts and, under
-``torch.distributed``, over ranks, and the extremes are the least and the greatest
+once per logging step (:class:`~monitored_optim.capture.binning.Tally`); counts and sums add over
+parts and, under ``torch.distributed``, over ranks, and the extremes are the least and the greatest
 (:data:`~monitored_optim.histograms.PIECES`).
 They are not scalar figures: they go to ``opt.monitor.histograms`` and the backends' histograms.
 """
