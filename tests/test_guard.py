@@ -482,8 +482,8 @@ def test_a_restored_spike_history_with_no_grad_at_the_next_step():
 
 def test_fp16_grads_past_65504_rising_by_a_tenth_are_no_spike():
     p = nn.Parameter(torch.zeros(64, dtype=torch.float16))
-    opt = Monitored(torch.optim.SGD)([("w", p)], lr=1e-9, monitor=MonitorConfig(backend="none",
-                                                                             guard="nonfinite,spikes"))
+    opt = Monitored(torch.optim.SGD)([("w", p)], lr=1e-9, monitor=MonitorConfig(  # lr: no change in fp16
+        backend="none", guard="nonfinite,spikes", figures="norms"))
     for step in range(12):
         p.grad = torch.full_like(p, 7.5e3 * (1.1 if step == 11 else 1.0))  # a norm of 6e4, then 6.6e4
         opt.step()
