@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import difflib
-import fnmatch
-import functools
 import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
@@ -20,7 +17,9 @@ from typing import Any
 
 import torch
 
+from . import parsing
 from .alerts import KINDS
+from .parsing import every_parameter
 from .tags import DEFAULT_FAMILIES, FAMILIES
 
 BACKENDS = ("tensorboard", "wandb", "jsonl", "mlflow", "trackio", "swanlab", "comet")
@@ -41,10 +40,6 @@ ENV_SKIP_BUDGET = "MONITORED_OPTIM_SKIP_BUDGET"
 ENV_ALERTS = "MONITORED_OPTIM_ALERTS"
 ENV_STOP_ON = "MONITORED_OPTIM_STOP_ON"
 DEFAULT_TAG_BUDGET = 2000
-def every_parameter(name: str, p: torch.Tensor) -> bool:
-    """The parameter selection of no ``params`` and no ``exclude``: every parameter (True)."""
-    return True
-
 
 DEFAULT_BACKEND = "tensorboard"
 DEFAULT_EVERY = 10
@@ -217,50 +212,61 @@ def resolve(config: MonitorConfig | None, environ: Mapping[str, str] | None = No
     if config.model is not None and not isinstance(config.model, torch.nn.Module):
         raise ValueError(f"MonitorConfig.model={config.model!r} is not valid: expected a torch.nn.Module")
     env = os.environ if environ is None else environ
-    backend, backend_src = _pick(config.backend, "MonitorConfig.backend", env, ENV_BACKEND)
-    logdir, logdir_src = _pick(config.logdir, "MonitorConfig.logdir", env, ENV_LOGDIR)
-    every, every_src = _pick(config.every, "MonitorConfig.every", env, ENV_EVERY)
-    strict, strict_src = _pick(config.strict, "MonitorConfig.strict", env, ENV_STRICT)
-    verify, verify_src = _pick(config.verify, "MonitorConfig.verify", env, ENV_VERIFY)
-    count, count_src = _pick(config.count, "MonitorConfig.count", env, ENV_COUNT)
-    params, params_src = _pick(config.params, "MonitorConfig.params", env, ENV_PARAMS)
-    figures, figures_src = _pick(config.figures, "MonitorConfig.figures", env, ENV_FIGURES)
-    budget, budget_src = _pick(config.tag_budget, "MonitorConfig.tag_budget", env, ENV_TAG_BUDGET)
-    compiled, compile_src = _pick(config.compile, "MonitorConfig.compile", env, ENV_COMPILE)
-    guard, guard_src = _pick(config.guard, "MonitorConfig.guard", env, ENV_GUARD)
-    skips, skips_src = _pick(config.skip_budget, "MonitorConfig.skip_budget", env, ENV_SKIP_BUDGET)
-    alerts, alerts_src = _pick(config.alerts, "MonitorConfig.alerts", env, ENV_ALERTS)
-    stop_on, stop_src = _pick(config.stop_on, "MonitorConfig.stop_on", env, ENV_STOP_ON)
+    backend, backend_src = parsing.pick(config.backend, "MonitorConfig.backend", env, ENV_BACKEND)
+    logdir, logdir_src = parsing.pick(config.logdir, "MonitorConfig.logdir", env, ENV_LOGDIR)
+    every, every_src = parsing.pick(config.every, "MonitorConfig.every", env, ENV_EVERY)
+    strict, strict_src = parsing.pick(config.strict, "MonitorConfig.strict", env, ENV_STRICT)
+    verify, verify_src = parsing.pick(config.verify, "MonitorConfig.verify", env, ENV_VERIFY)
+    count, count_src = parsing.pick(config.count, "MonitorConfig.count", env, ENV_COUNT)
+    params, params_src = parsing.pick(config.params, "MonitorConfig.params", env, ENV_PARAMS)
+    figures, figures_src = parsing.pick(config.figures, "MonitorConfig.figures", env, ENV_FIGURES)
+    budget, budget_src = parsing.pick(config.tag_budget, "MonitorConfig.tag_budget", env, ENV_TAG_BUDGET)
+    compiled, compile_src = parsing.pick(config.compile, "MonitorConfig.compile", env, ENV_COMPILE)
+    guard, guard_src = parsing.pick(config.guard, "MonitorConfig.guard", env, ENV_GUARD)
+    skips, skips_src = parsing.pick(config.skip_budget, "MonitorConfig.skip_budget", env, ENV_SKIP_BUDGET)
+    alerts, alerts_src = parsing.pick(config.alerts, "MonitorConfig.alerts", env, ENV_ALERTS)
+    stop_on, stop_src = parsing.pick(config.stop_on, "MonitorConfig.stop_on", env, ENV_STOP_ON)
     _check_types(config)
-    sinks = _sinks(backend)
+    sinks = parsing.sinks(backend)
     if sinks:
         backend = [b for b in backend if isinstance(b, str)] or "none"
     settings = Settings(
         sinks=sinks,
-        backends=_parse_backends(DEFAULT_BACKEND if backend is None else backend, backend_src),
-        logdir=_parse_logdir(logdir, logdir_src) if logdir is not None else default_logdir(),
-        every=DEFAULT_EVERY if every is None else _parse_every(every, every_src),
-        prefix=_parse_prefix(config.prefix),
-        strict=False if strict is None else _parse_flag(strict, strict_src),
-        verify=False if verify is None else _parse_flag(verify, verify_src),
-        count="updates" if count is None else _parse_count(count, count_src),
-        select=_parse_selection(params, params_src, config.exclude),
-        figures=frozenset(DEFAULT_FAMILIES) if figures is None else _parse_figures(figures, figures_src),
-        tag_budget=DEFAULT_TAG_BUDGET if budget is None else _parse_budget(budget, budget_src),
-        compile="auto" if compiled is None else _parse_compile(compiled, compile_src),
-        guard=frozenset() if guard is None else _parse_kinds(guard, guard_src, GUARDS),
-        skip_budget=DEFAULT_BUDGET if skips is None else _parse_count_at_least_one(skips, skips_src, "skip budget"),
-        alerts=frozenset() if alerts is None else _parse_kinds(alerts, alerts_src, tuple(KINDS)),
-        stop_on=frozenset() if stop_on is None else _parse_kinds(stop_on, stop_src, tuple(KINDS)),
+        backends=parsing.backends(DEFAULT_BACKEND if backend is None else backend, backend_src, BACKENDS),
+        logdir=parsing.logdir(logdir, logdir_src) if logdir is not None else default_logdir(),
+        every=DEFAULT_EVERY if every is None else parsing.every(every, every_src),
+        prefix=parsing.prefix(config.prefix),
+        strict=False if strict is None else parsing.flag(strict, strict_src),
+        verify=False if verify is None else parsing.flag(verify, verify_src),
+        count="updates" if count is None else parsing.count(count, count_src, COUNTS),
+        select=parsing.selection(params, params_src, config.exclude),
+        figures=frozenset(DEFAULT_FAMILIES) if figures is None else parsing.figures(figures, figures_src),
+        tag_budget=DEFAULT_TAG_BUDGET if budget is None else parsing.budget(budget, budget_src),
+        compile="auto" if compiled is None else parsing.compiled(compiled, compile_src),
+        guard=frozenset() if guard is None else parsing.kinds(guard, guard_src, GUARDS, every=False),
+        skip_budget=DEFAULT_BUDGET if skips is None else parsing.at_least_one(skips, skips_src, "skip budget"),
+        alerts=frozenset() if alerts is None else parsing.kinds(alerts, alerts_src, tuple(KINDS), every=True),
+        stop_on=frozenset() if stop_on is None else parsing.kinds(stop_on, stop_src, tuple(KINDS), every=True),
     )
+    return _narrowed(settings, config, (alerts, alerts_src), (stop_on, stop_src))
+
+
+def _narrowed(settings: Settings, config: MonitorConfig, alerts: tuple[Any, str], stop_on: tuple[Any, str]
+              ) -> Settings:
+    """``settings`` with ``alerts`` and ``stop_on`` (each its raw value and source) of ``all`` narrowed
+    to the kinds the configuration finds (:func:`heard`).
+
+    Raises:
+        ValueError: ``skip_budget`` set without the guard; alerts or stops asked on a kind never found.
+    """
     if config.skip_budget is not None and not settings.guard:
         raise ValueError(f"MonitorConfig.skip_budget={config.skip_budget!r} has no effect without the guard: set "
                          "MonitorConfig(guard='nonfinite') too, or leave skip_budget out")
     found = heard(settings)
-    every = {field: getattr(settings, field) & found for field, value in (("alerts", alerts), ("stop_on", stop_on))
-             if _is_all(value)}  # 'all': every kind this configuration finds
-    settings = dataclasses.replace(settings, **every)
-    _check_heard(found, (alerts_src, settings.alerts), (stop_src, settings.stop_on))
+    every = {field: getattr(settings, field) & found
+             for field, (value, _) in (("alerts", alerts), ("stop_on", stop_on)) if parsing.is_all(value)}
+    settings = dataclasses.replace(settings, **every)  # 'all': every kind this configuration finds
+    _check_heard(found, (alerts[1], settings.alerts), (stop_on[1], settings.stop_on))
     return settings
 
 
@@ -290,7 +296,7 @@ def _check_types(config: MonitorConfig) -> None:
     """Refuse an explicit field of the wrong type (``every="10"``, ``strict="yes"``, ``every=True``)."""
     for field, (types, allowed) in _FIELD_TYPES.items():
         value = getattr(config, field)
-        if value is None or (field == "params" and callable(value)) or (field == "backend" and is_sink(value)):
+        if value is None or (field == "params" and callable(value)) or (field == "backend" and parsing.is_sink(value)):
             continue
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             raise ValueError(f"MonitorConfig.{field}={value!r} is not valid ({type(value).__name__}): "
@@ -301,152 +307,6 @@ def default_logdir() -> Path:
     """TensorBoard's default run directory, ``runs/<Mon><DD>_<HH-MM-SS>_<hostname>`` (as tensorboardX)."""
     stamp = datetime.datetime.now().strftime("%b%d_%H-%M-%S")
     return Path("runs") / f"{stamp}_{socket.gethostname()}"
-
-
-def _pick(value, field: str, env: Mapping[str, str], var: str):
-    """The explicit value with its field name, else the environment's (empty = unset) with its variable."""
-    if value is not None:
-        return value, field
-    raw = env.get(var, "")
-    return (raw, var) if raw.strip() else (None, var)
-
-
-def is_sink(obj: Any) -> bool:
-    """Whether ``obj`` is a user sink: an object with a ``log(metrics, step)`` method, or a callable
-    ``fn(metrics, step)`` (not a backend name)."""
-    return not isinstance(obj, str) and (callable(getattr(obj, "log", None)) or callable(obj))
-
-
-def _sinks(value: Any) -> tuple[Any, ...]:
-    """The user sinks in ``MonitorConfig.backend`` (a list may mix them with backend names)."""
-    if is_sink(value):
-        return (value,)
-    if isinstance(value, (list, tuple)):
-        return tuple(v for v in value if is_sink(v))
-    return ()
-
-
-def _parse_backends(value: str | Sequence[str], source: str) -> tuple[str, ...]:
-    allowed = f"one of {', '.join(BACKENDS)}, none, or a comma-separated list of them"
-    names = value.split(",") if isinstance(value, str) else value
-    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"{source}={value!r} is not a valid backend: expected {allowed}")
-    names = [n.strip().lower() for n in names]
-    if names == ["none"]:
-        return ()
-    if "none" in names:
-        raise ValueError(f"{source}={value!r} combines 'none' with other backends: expected {allowed}")
-    bad = [n for n in names if n not in BACKENDS]
-    if bad:
-        raise ValueError(f"{source}={value!r} is not a valid backend ({bad[0]!r} is unknown): expected {allowed}")
-    return tuple(dict.fromkeys(names))
-
-
-def _parse_logdir(value: Any, source: str) -> Path:
-    if isinstance(value, str):
-        value = value.strip()
-    if not isinstance(value, (str, os.PathLike)) or isinstance(value, bytes):
-        raise ValueError(f"{source}={value!r} is not a valid log directory: expected a path (str or os.PathLike)")
-    return Path(value).expanduser()
-
-
-def _parse_every(value: int | str, source: str) -> int:
-    if isinstance(value, bool):
-        every = None
-    elif isinstance(value, int):
-        every = value
-    else:
-        try:
-            every = int(str(value).strip())
-        except ValueError:
-            every = None
-    if every is None or every < 1:
-        raise ValueError(f"{source}={value!r} is not a valid logging period: expected an integer >= 1")
-    return every
-
-
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
-def _parse_flag(value: bool | str, source: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _TRUE + _FALSE:
-        return text in _TRUE
-    raise ValueError(f"{source}={value!r} is not a valid flag: expected one of {', '.join(_TRUE + _FALSE)}")
-
-
-def _parse_compile(value: bool | str, source: str) -> str:
-    """``"on"``, ``"off"`` or ``"auto"`` from a flag or ``auto``."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
-    if isinstance(value, str) and source.startswith("MonitorConfig"):
-        raise ValueError(f"{source}={value!r} is not valid (str): expected True, False or 'auto'")
-    try:
-        return "on" if _parse_flag(value, source) else "off"
-    except ValueError:
-        raise ValueError(f"{source}={value!r} is not valid: expected auto or one of "
-                         f"{', '.join(_TRUE + _FALSE)}") from None
-
-
-def _parse_count(value: str, source: str) -> str:
-    text = str(value).strip().lower()
-    if text not in COUNTS:
-        raise ValueError(f"{source}={value!r} is not a valid step count: expected one of {', '.join(COUNTS)}")
-    return text
-
-
-def _globs(value: str | Sequence[str], source: str) -> list[str]:
-    items = value.split(",") if isinstance(value, str) else list(value)
-    if not all(isinstance(g, str) and g.strip() for g in items) or not items:
-        raise ValueError(f"{source}={value!r} is not valid: expected a glob on parameter names or a list of them")
-    return [g.strip() for g in items]
-
-
-def _parse_selection(params: Any, source: str, exclude: Any) -> Callable[[str, torch.Tensor], bool]:
-    """The predicate ``(name, param) -> bool`` of ``params`` and ``exclude`` (see :class:`MonitorConfig`)."""
-    out = [] if exclude is None else _globs(exclude, "MonitorConfig.exclude")
-    if callable(params):
-        return lambda name, p: bool(params(name, p)) and not any(fnmatch.fnmatchcase(name, g) for g in out)
-    globs = [] if params is None else _globs(params, source)
-    out += [g[1:] for g in globs if g.startswith("!")]
-    keep = [g for g in globs if not g.startswith("!")]
-    if not keep and not out:
-        return every_parameter
-
-    @functools.lru_cache(maxsize=1 << 16)  # names repeat at every logging step
-    def chosen(name: str) -> bool:
-        return ((not keep or any(fnmatch.fnmatchcase(name, g) for g in keep))
-                and not any(fnmatch.fnmatchcase(name, g) for g in out))
-
-    return lambda name, p: chosen(name)
-
-
-def _parse_figures(value: str | Sequence[str], source: str) -> frozenset[str]:
-    names = [n.strip().lower() for n in (value.split(",") if isinstance(value, str) else value)]
-    if names == ["all"]:
-        return frozenset(FAMILIES)
-    bad = [n for n in names if n not in FAMILIES and n != "default"]
-    if bad or not names:
-        raise ValueError(f"{source}={value!r} is not valid ({bad[0]!r} is unknown): expected 'all' or some of "
-                         f"default, {', '.join(FAMILIES)}" if bad else f"{source}={value!r} names no figure family")
-    return frozenset(n for name in names for n in (DEFAULT_FAMILIES if name == "default" else (name,)))
-
-
-def _parse_budget(value: int | str, source: str) -> int:
-    return _parse_count_at_least_one(value, source, "tag budget")
-
-
-def _parse_count_at_least_one(value: int | str, source: str, what: str) -> int:
-    """``value`` as an int >= 1 (``what`` it is, for the error)."""
-    try:
-        number = int(str(value).strip()) if not isinstance(value, bool) else 0
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise ValueError(f"{source}={value!r} is not a valid {what}: expected an integer >= 1")
-    return number
 
 
 def heard(settings: Settings) -> frozenset[str]:
@@ -460,12 +320,6 @@ def heard(settings: Settings) -> frozenset[str]:
     return frozenset(found)
 
 
-def _is_all(value: Any) -> bool:
-    """Whether a kinds setting is ``all`` (a string, or a list of that one name)."""
-    items = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else []
-    return [str(v).strip().lower() for v in items] == ["all"]
-
-
 def _check_heard(found: frozenset[str], *asked: tuple[str, frozenset[str]]) -> None:
     """Refuse alerts or stops on an event kind that the configuration never finds (``found``:
     :func:`heard`; ``asked``: the source of each setting and its kinds)."""
@@ -475,37 +329,3 @@ def _check_heard(found: frozenset[str], *asked: tuple[str, frozenset[str]]) -> N
                      "the 'spikes' figures or guard='spikes'" if kind == "spikes" else "the 'health' figures")
             raise ValueError(f"{source} asks for {kind!r}, which this configuration never finds: it needs {needs}; "
                              f"what it finds now: {', '.join(sorted(found)) or 'nothing'}")
-
-
-def _parse_kinds(value: str | Sequence[str], source: str, allowed: tuple[str, ...]) -> frozenset[str]:
-    """The kinds a comma-separated string or a list names, of ``allowed`` (``none``: no kind; ``all``:
-    every one where the allowed are event kinds, which :func:`resolve` narrows to those the
-    configuration finds).
-
-    Raises:
-        ValueError: an unknown or misspelt kind (naming the nearest), or ``none`` beside others.
-    """
-    items = value.split(",") if isinstance(value, str) else list(value)
-    accepted = f"'none'{', all' if allowed != GUARDS else ''} or some of {', '.join(allowed)}"
-    if not all(isinstance(n, str) for n in items):
-        raise ValueError(f"{source}={value!r} is not valid: expected {accepted}, as names (strings)")
-    names = [n for n in (n.strip().lower() for n in items) if n]
-    if names in ([], ["none"]):
-        return frozenset()
-    if names == ["all"] and allowed != GUARDS:
-        return frozenset(allowed)
-    for name in names:
-        if name not in allowed:
-            near = difflib.get_close_matches(name, allowed, n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise ValueError(f"{source}={value!r} is not valid ({name!r} is unknown{hint}): expected {accepted}")
-    return frozenset(names)
-
-
-def _parse_prefix(value: str | None) -> str:
-    if value is None or value == "":
-        return ""
-    if not isinstance(value, str) or not all(c.isalnum() or c in "_.-" for c in value):
-        raise ValueError(f"MonitorConfig.prefix={value!r} is not a valid tag prefix: "
-                         "expected letters, digits, '_', '.' or '-'")
-    return value + "/"
