@@ -18,13 +18,12 @@ import functools
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import Union
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from .workspace import Workspace
+from .workspace import PART_ELEMENTS, Workspace
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 """fp16 and bf16: reduced in float32 here; the capture's low-precision kind (:mod:`~monitored_optim.capture.rules`)."""
@@ -54,14 +53,16 @@ def moments(x: Tensor, scratch: bool = False) -> Tensor:
 def _centred(x: Tensor, scratch: bool = False, work: Workspace | None = None) -> Tensor:
     """Centred raw sums of one tensor: ``(mean, sum(x - mean), ||x - mean||)``, two passes; the
     centred values are formed in place when ``scratch`` (``x`` is the caller's temporary), else a
-    slice of :data:`PART_ELEMENTS` elements at a time for a large tensor (no full-size temporary).
+    slice of :data:`~monitored_optim.workspace.PART_ELEMENTS` elements at a time for a large tensor
+    (no full-size temporary).
 
     Centring keeps the spread of a tensor whose mean dwarfs it (a LayerNorm weight near 1.0 with
     std 1e-4), and the sum of the centred values removes the rounding of the float32 mean (the
     shifted-data formulas, Chan, Golub & LeVeque 1983). Uncentred sums ``(sum(x), ||x||)`` lose
     about 1e-7 * mean^2 / var of the variance in float32: :class:`Batch` takes them where
     ``mean^2 / var <= CENTRE_ABOVE``. ``work``: where the centred copy of a tensor of at most
-    :data:`PART_ELEMENTS` elements goes (:meth:`~monitored_optim.workspace.Workspace.one`), else a new tensor.
+    :data:`~monitored_optim.workspace.PART_ELEMENTS` elements goes
+    (:meth:`~monitored_optim.workspace.Workspace.one`), else a new tensor.
 
     Returns:
         Tensor of shape ``(3,)`` in ``x``'s real dtype (float32 for bf16/fp16), on its device.
@@ -89,12 +90,6 @@ def _centred(x: Tensor, scratch: bool = False, work: Workspace | None = None) ->
 
 ROW = 4096
 """Elements per row of :func:`_norm`'s row-wise reduction."""
-
-PART_ELEMENTS = 1 << 18
-"""Elements taken at once, 1 MiB of float32, so that a logging step's temporaries stay a few MiB
-whatever the model's size: the largest part of a parameter the capture rebuilds and reduces at once,
-and the slice of a large tensor that :func:`_centred` centres (or the histograms widen) at once."""
-
 
 def _norm(x: Tensor) -> Tensor:
     """``||x||_2`` in ``x``'s dtype, accurate for large float32 tensors.

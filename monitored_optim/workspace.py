@@ -5,7 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .stats import PART_ELEMENTS
+PART_ELEMENTS = 1 << 18
+"""Elements taken at once, 1 MiB of float32, so that a logging step's temporaries stay a few MiB
+whatever the model's size: the largest part of a parameter the capture rebuilds and reduces at once,
+and the slice of a large tensor that :func:`~monitored_optim.stats._centred` centres (or the
+histograms widen) at once."""
 
 
 class Workspace:

@@ -126,7 +126,7 @@ def test_schedule_free_rebuild_holds_a_blocks_temporaries_not_a_parts(weight_dec
     """The rebuild of a part of ``PART_ELEMENTS`` (after the step that creates z and the one at w = 1/2)
     allocates its result and float64 temporaries of one block (``CHECK_BLOCK``): no float64 copy of
     the part (8 bytes an element, against the part's own 4)."""
-    from monitored_optim.stats import PART_ELEMENTS
+    from monitored_optim.workspace import PART_ELEMENTS
     from monitored_optim.updates._shared import CHECK_BLOCK
     from monitored_optim.updates.schedulefree import SGDScheduleFreeView
 

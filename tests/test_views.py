@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import truth
 from monitored_optim import Monitored, MonitorConfig
 from monitored_optim.updates import Cloned, View, elementwise, rebuild, register, view_for
-from monitored_optim.stats import PART_ELEMENTS
+from monitored_optim.workspace import PART_ELEMENTS
 from thirdparty import SignMomentum
 
 SHAPE = (600, 500)

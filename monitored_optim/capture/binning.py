@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..histograms import (BITS, KEYS, NBINS, WIDTH, ZERO, finite_ends, flattened, fold, folded, keys_counted,
                           occurrences, piece_keys, steps)
-from ..stats import PART_ELEMENTS
+from ..workspace import PART_ELEMENTS
 from ..workspace import Workspace
 from .change import exact_change
 
@@ -170,7 +170,7 @@ def _sums(flat: Tensor, work: Workspace | None) -> tuple[float, float]:
 
 
 def _wide_slices(flat: Tensor, work: Workspace | None) -> Iterator[Tensor]:
-    """``flat``'s non-empty slices of :data:`~monitored_optim.stats.PART_ELEMENTS` elements in float64, each a
+    """``flat``'s non-empty slices of :data:`~monitored_optim.workspace.PART_ELEMENTS` elements in float64, each a
     new tensor or ``work``'s ``kept`` buffer (valid until the next slice)."""
     for piece in (flat,) if flat.numel() <= PART_ELEMENTS else flat.split(PART_ELEMENTS):
         if piece.numel():

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..updates import Scaled, Stores
-from ..stats import PART_ELEMENTS
+from ..workspace import PART_ELEMENTS
 from ..workspace import Workspace, room
 from .rules import LOW_PRECISION, eps
 

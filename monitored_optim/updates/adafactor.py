@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..stats import PART_ELEMENTS
+from ..workspace import PART_ELEMENTS
 from .clone import Cloned, Rows, Stores
 from .view import View
 
@@ -86,7 +86,8 @@ def _normalized(grad: Tensor, state: dict[str, Any], eps1: float) -> Tensor:
 
 def _rows(grad: Tensor, state: dict[str, Any], eps1: float, alpha: Tensor, threshold: float,
           s: float | Tensor) -> Rows:
-    """The update of a large factored matrix in blocks of rows (:data:`PART_ELEMENTS` elements
+    """The update of a large factored matrix in blocks of rows
+    (:data:`~monitored_optim.workspace.PART_ELEMENTS` elements
     each): U is rebuilt per block from the rows of R and all of C (the same products, element by
     element, as torch's R·C), a first pass takes ‖U‖ for the clipping, and the blocks of
     d = -α/max(1, ‖U‖/threshold)·U are built again one at a time when the capture asks for them."""

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..stats import PART_ELEMENTS
+from ..workspace import PART_ELEMENTS
 from .clone import Rows, Scaled, Stores
 from .view import View
 
