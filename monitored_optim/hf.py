@@ -14,6 +14,7 @@ from typing import Any
 import transformers
 
 from .attach import attach_at, monitor_of
+from .monitor import Monitor
 from .config import ENV_LOGDIR, MonitorConfig
 from .trainers import config_for
 
@@ -49,7 +50,7 @@ class MonitorCallback(transformers.TrainerCallback):
 
     def __init__(self, config: MonitorConfig | None = None) -> None:
         self.config = config
-        self.monitor: Any = None  # the monitor of the optimizer of the training run
+        self.monitor: Monitor | None = None  # the monitor of the optimizer of the training run
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None and self.monitor.should_stop:

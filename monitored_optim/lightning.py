@@ -11,6 +11,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from .attach import attach_at, monitor_of
+from .monitor import Monitor
 from .config import MonitorConfig
 from .trainers import config_for, prefixes
 
@@ -45,7 +46,7 @@ class MonitorCallback(pl.Callback):
 
     def __init__(self, config: MonitorConfig | None = None) -> None:
         self.config = config
-        self.monitors: list[Any] = []  # those of the optimizers of the training run
+        self.monitors: list[Monitor] = []  # those of the optimizers of the training run
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
