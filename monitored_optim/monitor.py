@@ -17,7 +17,7 @@ import torch
 
 from . import backends, families, pieces, usage
 from .alerts import Voice
-from .capture import Capture, closure_is_first
+from .capture import Capture, closure_is_first, closure_runs_ahead
 from .config import MonitorConfig, Settings, resolve
 from .count import StepCount
 from .deliver import Delivery
@@ -28,7 +28,7 @@ from .guard import Guard
 from .health import Health
 from .models import Models
 from .readback import ReadBack
-from .updates import raw_step, view_for
+from .updates import view_for
 
 
 class Monitor(ReadBack):
@@ -69,8 +69,7 @@ class Monitor(ReadBack):
         self._usage = usage.Usage(optimizer_cls.__name__)
         self._models = Models()  # the names of parameters after the models, and the models watched
         flow = Flow(self.settings, capture, figures, keys, self._count, self._delivery, self.health, self.guard,
-                    self._models, closure_is_first(optimizer_cls),
-                    raw_step(optimizer_cls).__module__.startswith("torch.optim"))
+                    self._models, closure_is_first(optimizer_cls), closure_runs_ahead(optimizer_cls))
         self._engine = Engine(flow, view, self._usage)  # what each step() runs through
         weakref.finalize(self, self._delivery.close)  # a monitor collected unclosed closes its files
 

@@ -243,6 +243,12 @@ class Capture:
         self.plan = self._roster = None
 
 
+def closure_runs_ahead(optimizer_cls: type) -> bool:
+    """Whether the base ``step`` is torch's own, which calls its closure before anything else (so the
+    closure may be run ahead of the step without changing what the step does)."""
+    return (getattr(raw_step(optimizer_cls), "__module__", None) or "").startswith("torch.optim")
+
+
 def closure_is_first(optimizer_cls: type) -> bool:
     """Whether the base ``step``'s first argument after ``self`` is called ``closure``."""
     try:
