@@ -251,7 +251,8 @@ class Monitor(ReadBack):
         if pending is None:
             return step_fn(optimizer, *args, **kwargs), None
         made, args, kwargs = self._before(pending, args, kwargs, groups)
-        out = step_fn(optimizer, *args, **kwargs)
+        with self.view.stepping():  # a view that measures each parameter in its turn of the step
+            out = step_fn(optimizer, *args, **kwargs)
         self._after(pending, made)
         return out, made
 
