@@ -69,7 +69,7 @@ class Turns:
         """The sums of ``p``'s stored change (a whole parameter, or a flat slice of a contiguous one), to
         be filled in during its parameter's turn of the coming step; None where a turn cannot measure it
         (complex, sparse, not contiguous, bf16/fp16, a tensor subclass, or an optimizer not ready for
-        :attr:`marker`), which then takes a clone."""
+        its ``marker``), which then takes a clone."""
         optimizer = self._optimizer()
         if optimizer is None or not self.marker.ready(optimizer) or type(p) not in (Tensor, torch.nn.Parameter) \
                 or p.dtype not in (torch.float32, torch.float64) or p.layout is not torch.strided \
