@@ -154,6 +154,12 @@ def _third_party() -> dict[str, tuple[type, dict]]:
             ("hf-adafactor", "transformers.optimization", "Adafactor",
              dict(lr=1e-3, scale_parameter=False, relative_step=False)),
             ("bnb-adamw32", "bitsandbytes.optim", "AdamW", dict(lr=6e-4, weight_decay=0.1, optim_bits=32)),
+            # low-bit and projected: measured in each parameter's turn of the step (updates/turns.py)
+            *((f"bnb-{cls.lower()}", "bitsandbytes.optim", cls, dict(lr=6e-4, weight_decay=0.1))
+              for cls in ("AdamW8bit", "PagedAdamW8bit", "Lion8bit")),
+            *((f"torchao-{cls.lower()}", "torchao.optim", cls, dict(lr=6e-4, weight_decay=0.1))
+              for cls in ("AdamW8bit", "AdamW4bit", "AdamWFp8")),
+            ("galore-adamw", "galore_torch", "GaLoreAdamW", dict(lr=6e-4, weight_decay=0.1, galore=GALORE)),
             ("adabelief", "pytorch_optimizer", "AdaBelief", dict(lr=1e-3))):  # no view: the clone fallback
         try:
             found[name] = (getattr(importlib.import_module(module), cls), kwargs)
@@ -162,13 +168,28 @@ def _third_party() -> dict[str, tuple[type, dict]]:
     return found
 
 
+GALORE = dict(rank=128, update_proj_gap=200, scale=0.25, proj_type="std")
+"""GaLore's projection of the matrices (its README's settings for a model of this size)."""
+
+
 def _built(cls: type, params: list, kwargs: dict, **extra) -> torch.optim.Optimizer:
-    """``cls(params, **kwargs, **extra)``, in train mode for a schedule-free optimizer."""
+    """``cls(params, **kwargs, **extra)``, in train mode for a schedule-free optimizer; a ``galore``
+    keyword puts the matrices in a param group of its own with those settings (GaLore's projection)."""
+    kwargs = dict(kwargs)
+    galore = kwargs.pop("galore", None)
+    if galore is not None:
+        params = [{"params": [p for p in params if (p[1] if isinstance(p, tuple) else p).dim() == 2], **galore},
+                  {"params": [p for p in params if (p[1] if isinstance(p, tuple) else p).dim() != 2]}]
     opt = cls(params, **kwargs, **extra)
     if callable(getattr(opt, "train", None)):
         opt.train()
     return opt
 
+
+PROFILED = ("torchao-",)
+"""Optimizers whose steps are tracked by :func:`allocated_peak` (the profiler's allocations) rather than
+:class:`PeakMemory`: torchao's step is compiled (its kernels' buffers are the CPU allocator's, not ops a
+dispatch mode sees, and its quantized state's storage cannot be read by one)."""
 
 STEPS = {"schedulefree-radam-0.001": 7, "schedulefree-radam-0.0001": 7}
 """Steps per run other than 3: RAdam schedule-free's first 4 leave every weight as it is (its silent
@@ -193,7 +214,9 @@ def _steps(name: str, monitored: bool, steps: int | None = None, track: bool = F
         for _, p in named:  # in place after the first step: no transient second copy of the grads
             p.grad = torch.empty_like(p) if p.grad is None else p.grad
             p.grad.normal_(0, 1e-3, generator=gen)
-        if track:
+        if track and name.startswith(PROFILED):
+            peak = max(peak, allocated_peak(opt.step))
+        elif track:
             with PeakMemory() as mem:
                 opt.step()
             peak = max(peak, mem.peak)

@@ -115,7 +115,8 @@ class Flow:
         if pending is None:
             return step_fn(optimizer, *args, **kwargs), None
         made, args, kwargs = self._before(pending, args, kwargs, groups)
-        out = step_fn(optimizer, *args, **kwargs)
+        with self.capture.view.stepping():  # a view that measures each parameter in its turn of the step
+            out = step_fn(optimizer, *args, **kwargs)
         self._after(pending, made)
         return out, made
 

@@ -14,7 +14,7 @@ import torch
 
 import truth
 from monitored_optim import Monitored, MonitorConfig
-from monitored_optim.updates import Cloned
+from monitored_optim.updates import Cloned, Summed
 from test_exactness import assert_state_dicts_equal
 
 
@@ -190,11 +190,12 @@ def test_lion_signs_within_rounding_of_zero_take_a_clone(case, tmp_path):
 
 @pytest.mark.parametrize("name,kwargs", [("Adam8bit", {}), ("AdamW", dict(optim_bits=8)), ("SGD", dict(momentum=0.9)),
                                          ("AdEMAMix", {}), ("LAMB", dict(optim_bits=32))])
-def test_bitsandbytes_optimizers_the_view_does_not_rebuild_take_a_clone(name, kwargs, tmp_path):
+def test_bitsandbytes_optimizers_the_view_does_not_rebuild_are_measured_in_their_turn(name, kwargs, tmp_path):
     """Every bitsandbytes optimizer shares one ``step``: 8-bit state, a 1-state optimizer,
-    AdEMAMix's three betas and LAMB (32-bit, with ``max_unorm``) are cloned by the view (from the first step on: the
-    bound view knows from the optimizer's settings that its state will not be 32-bit Adam's), with
-    figures equal to the clone truth and the plain optimizer's trajectory."""
+    AdEMAMix's three betas and LAMB (32-bit, with ``max_unorm``) are not rebuilt by the view (from the first step on:
+    the bound view knows from the optimizer's settings that its state will not be 32-bit Adam's) but measured in
+    their turn of the step (``updates/turns.py``: no clone), with figures equal to the clone truth and the plain
+    optimizer's trajectory."""
     bnb = pytest.importorskip("bitsandbytes")
     gen = torch.Generator().manual_seed(3)
     named = [("w", torch.nn.Parameter(_initial("normal", (64, 128), gen)))]
@@ -203,7 +204,7 @@ def test_bitsandbytes_optimizers_the_view_does_not_rebuild_take_a_clone(name, kw
     opt = Monitored(cls)(named, lr=1e-3, **kwargs, monitor=MonitorConfig(backend="none", logdir=tmp_path))
     plain = cls(plain_named, lr=1e-3, **kwargs)
     assert type(opt.monitor._engine.view).__name__ == "BnbAdamView"
-    _step_beside_plain(opt, plain, named, plain_named, gen, cloned=True)
+    _step_beside_plain(opt, plain, named, plain_named, gen, cloned=False)
 
 
 def test_prodigy_keeps_two_numbers_and_sees_a_step_that_moved_nothing(tmp_path):
@@ -363,10 +364,11 @@ def test_empty_and_transposed_parameters(case, tmp_path):
 
 
 @pytest.mark.parametrize("attr,value", [("optim_bits", 8), ("max_unorm", 0.01)])
-def test_bitsandbytes_args_changed_after_construction_take_a_clone_on_the_first_step(attr, value, tmp_path):
+def test_bitsandbytes_args_changed_after_construction_are_measured_in_the_first_steps_turn(attr, value, tmp_path):
     """bitsandbytes reads ``opt.args`` when a parameter's first step creates its state, so a change of
     ``args`` after the optimizer is built (8-bit state, or LAMB-style ``max_unorm`` clipping) decides
-    that step: the view asks the optimizer then, takes a clone, and the figures equal the clone truth."""
+    that step: the view asks the optimizer then, measures the parameter in its turn of the step
+    (``updates/turns.py``) instead of rebuilding it, and the figures equal the clone truth."""
     bnb = pytest.importorskip("bitsandbytes")
     gen = torch.Generator().manual_seed(6)
     named = [("w", torch.nn.Parameter(_initial("normal", (64, 128), gen)))]
@@ -376,7 +378,9 @@ def test_bitsandbytes_args_changed_after_construction_take_a_clone_on_the_first_
     plain = bnb.optim.AdamW(plain_named, lr=1e-3, optim_bits=32)
     setattr(opt.args, attr, value)
     setattr(plain.args, attr, value)
-    _step_beside_plain(opt, plain, named, plain_named, gen, steps=1, cloned=True)
+    named[0][1].grad = torch.zeros_like(named[0][1])
+    assert isinstance(opt.monitor._engine.view.before(opt.param_groups[0], named[0][1], {}), Summed)  # not rebuilt
+    _step_beside_plain(opt, plain, named, plain_named, gen, steps=1, cloned=False)
 
 
 SF_RATES = [("SGDScheduleFree", lr, kwargs) for lr in (1.0, 1e-1, 1e-2, 1e-3)

@@ -15,11 +15,13 @@ Adam and AdamW run the same kernel (they differ only in their default λ).
 bitsandbytes keeps more on the optimizer than in the group: all its optimizers share one ``step``
 (``Optimizer8bit.step``, for which this view is registered) and pick their arithmetic from instance
 attributes, so the view rebuilds only what the state and the group show to be this branch, and
-takes a clone of the parameter elsewhere (every other bitsandbytes optimizer). Before a parameter's
+elsewhere (every other bitsandbytes optimizer: 8-bit, paged, Lion, LAMB, ...) measures the parameter in
+its turn of the step (:mod:`monitored_optim.updates.turns`: the step calls ``update_step`` once per
+parameter, so a copy of that parameter alone is held while it is updated). Before a parameter's
 first step its state is empty, so the view bound to the optimizer (:meth:`BnbAdamView.bound`) reads
 the instance's ``optimizer_name`` and ``args`` as they are at that step: Adam's kernel with
 ``optim_bits=32`` and no ``max_unorm`` creates 32-bit state, and that first step is rebuilt like
-any other. The clone is taken on a first step otherwise (8-bit, whose parameters below
+any other. The turn measures it on a first step otherwise (8-bit, whose parameters below
 ``min_8bit_size`` get 32-bit state and are rebuilt from their second step), with 8-bit state, a
 1-state optimizer (no ``state2``), three betas (AdEMAMix), ``max_unorm`` (a ``unorm_vec``), per-parameter overrides of
 the ``GlobalOptimManager``, a decay factor |s| < 1/2, and off the CPU (the CUDA kernel applies the
@@ -30,17 +32,22 @@ Source: Dettmers et al. (2022) "8-bit Optimizers via Block-wise Quantization", b
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import weakref
-from typing import Any
+from typing import Any, ContextManager
 
 import torch
 from torch import Tensor
 
 from ._shared import KAPPA_MAX
-from .clone import Cloned, Scaled, Stores
+from .clone import Cloned, Scaled, Stores, Summed
+from .turns import Method, Turns
 from .view import View
+
+TURN = Method("update_step", 1)
+"""``Optimizer8bit.step`` calls ``self.update_step(group, p, gindex, pindex)`` once per parameter with a grad."""
 
 
 class BnbAdamView(View):
@@ -51,6 +58,11 @@ class BnbAdamView(View):
     def __init__(self, optimizer: Any = None) -> None:
         self._optimizer = None if optimizer is None else weakref.ref(optimizer)
         """The optimizer this view is bound to (:meth:`bound`), held weakly; None for the registered view."""
+        self.turns = None if optimizer is None else Turns(TURN, optimizer)
+        """Where the view cannot rebuild a parameter's update, its turn measures it (:mod:`.turns`)."""
+
+    def stepping(self) -> ContextManager[None]:
+        return self.turns.stepping() if self.turns is not None else contextlib.nullcontext()
 
     def bound(self, optimizer: Any) -> BnbAdamView:
         """This view for ``optimizer``, which it asks on each parameter's first step whether that step
@@ -67,7 +79,7 @@ class BnbAdamView(View):
         return (getattr(optimizer, "optimizer_name", None) == "adam"
                 and getattr(args, "optim_bits", None) == 32 and getattr(args, "max_unorm", None) == 0.0)
 
-    def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | None:
+    def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Cloned | Summed | None:
         if p.grad is None:
             return None
         s = 1 - group["lr"] * group["weight_decay"]
@@ -79,10 +91,14 @@ class BnbAdamView(View):
                     and isinstance(state.get("state1"), Tensor) and state["state1"].dtype == torch.float32
                     and isinstance(state.get("state2"), Tensor) and state["state2"].shape == p.shape)
         if not (adam and p.device.type == "cpu" and abs(s) * KAPPA_MAX >= 1.0 and not _overridden()):
-            return Cloned.of(p)
+            taken = None if self.turns is None else self.turns.take(p)
+            return taken if taken is not None else Cloned.of(p)
         return None
 
-    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any) -> Stores | None:
+    def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any
+               ) -> Stores | Summed | None:
+        if isinstance(snapshot, Summed):  # measured in its turn of the step
+            return snapshot if self.turns is not None and self.turns.ran(snapshot) else None
         if p.grad is None or "state2" not in state:
             return None
         lr, (beta1, beta2), eps, t = group["lr"], group["betas"], group["eps"], state["step"]

@@ -17,6 +17,7 @@ from .hf_adafactor import HfAdafactorView
 from .lion import LucidrainsLionView, OptimizerLionView
 from .prodigy import ProdigyView
 from .schedulefree import AdamWScheduleFreeView, RAdamScheduleFreeView, SGDScheduleFreeView
+from .turns import Lookup, TurnView
 from .view import View
 
 VIEWS: dict[tuple[str, str], tuple[str, str, View]] = {
@@ -28,6 +29,9 @@ VIEWS: dict[tuple[str, str], tuple[str, str, View]] = {
     ("schedulefree.adamw_schedulefree", "AdamWScheduleFree"): ("schedulefree", "1.4.", AdamWScheduleFreeView()),
     ("schedulefree.sgd_schedulefree", "SGDScheduleFree"): ("schedulefree", "1.4.", SGDScheduleFreeView()),
     ("schedulefree.radam_schedulefree", "RAdamScheduleFree"): ("schedulefree", "1.4.", RAdamScheduleFreeView()),
+    ("torchao.optim.adam", "_AdamBase"): ("torchao", "0.18.", TurnView(Lookup())),  # 8-bit, 4-bit, FP8 AdamW
+    ("galore_torch.adamw", "AdamW"): ("galore-torch", "1.0", TurnView(Lookup())),
+    ("galore_torch.adamw8bit", "AdamW8bit"): ("galore-torch", "1.0", TurnView(Lookup("initialized"))),
 }
 """(module, class name) -> (distribution, version prefix its view was written for, view)."""
 

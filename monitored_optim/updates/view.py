@@ -8,7 +8,8 @@ any optimizer, so a view declares only what it does better (Lightning's ``Callba
 from __future__ import annotations
 
 import abc
-from typing import Any, cast
+import contextlib
+from typing import Any, ContextManager, cast
 
 from torch import Tensor
 
@@ -42,6 +43,12 @@ class View(abc.ABC):
         depends on settings the optimizer keeps outside its param groups returns a copy holding
         them (or a weak reference to the optimizer, where they may change later). Default: the view itself."""
         return self
+
+    def stepping(self) -> ContextManager[None]:
+        """What the base step of a logging step runs inside (after every :meth:`before`, before any
+        :meth:`update`): a view that measures each parameter in its turn of the step installs its marker
+        there (:mod:`monitored_optim.updates.turns`). Default: nothing (``contextlib.nullcontext()``)."""
+        return contextlib.nullcontext()
 
     def before(self, group: dict[str, Any], p: Tensor, state: dict[str, Any]) -> Any:
         """What to keep of ``p`` and ``state`` just before the step, on logging steps only.
@@ -95,7 +102,7 @@ class View(abc.ABC):
         return None
 
 
-OPTIONAL = ("elementwise", "checks_store", "bound", "update_many", "keeps_grad", "held", "fusable", "fused")
+OPTIONAL = ("elementwise", "checks_store", "bound", "stepping", "update_many", "keeps_grad", "held", "fusable", "fused")
 """The capabilities a registered view without the :class:`View` base may leave out (:func:`adopt`)."""
 
 
