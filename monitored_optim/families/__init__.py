@@ -12,44 +12,20 @@ Each family is a small object registered in :data:`REGISTRY` under its name in
   ``pieces`` declare (:mod:`monitored_optim.pieces`);
 * ``done()``, after the last part of the logging step: device pieces per parameter name that need
   all of a parameter's parts (the spectral family's power iteration over blocks of rows);
-* ``figures(step)``, on the host, with the :class:`Step` of the logging step; returns figures.
+* ``figures(step)``, on the host, with the :class:`~monitored_optim.families.base.Step` of the logging
+  step; returns figures.
 
 A family keeps what it needs between logging steps (a baseline, a warm-started vector) itself.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from ..alerts import Voice
-from ..hosted import MomentTable
-from .base import Family
+from .base import Family, Step
 from .histograms import Histograms
 from .spectral import Spectral
 from .spikes import Spikes
 from .state import OptimizerState
-
-
-@dataclass(frozen=True)
-class Step:
-    """A logging step as the families see it, one row per monitored parameter.
-
-    Attributes:
-        step: the optimizer step (int >= 1).
-        names: parameter names, in order.
-        table: their moments (:class:`~monitored_optim.hosted.MomentTable`, kinds p, grad, u).
-        pieces: per parameter, the host values of its device pieces (``{key: [floats]}``).
-        lrs: per parameter, its group's learning rate as a float (None where it has none).
-        shapes: per parameter, its (whole) shape.
-    """
-
-    step: int
-    names: list[str]
-    table: MomentTable
-    pieces: list[dict[str, list[float]]]
-    lrs: list[float | None]
-    shapes: list[Any]
 
 
 REGISTRY: dict[str, type[Family]] = {cls.name: cls for cls in (Spikes, OptimizerState, Spectral, Histograms)}

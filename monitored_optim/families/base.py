@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
 
 from ..alerts import Voice
+from ..hosted import MomentTable
+
+
+@dataclass(frozen=True)
+class Step:
+    """A logging step as the families see it, one row per monitored parameter.
+
+    Attributes:
+        step: the optimizer step (int >= 1).
+        names: parameter names, in order.
+        table: their moments (:class:`~monitored_optim.hosted.MomentTable`, kinds p, grad, u).
+        pieces: per parameter, the host values of its device pieces (``{key: [floats]}``).
+        lrs: per parameter, its group's learning rate as a float (None where it has none).
+        shapes: per parameter, its (whole) shape.
+    """
+
+    step: int
+    names: list[str]
+    table: MomentTable
+    pieces: list[dict[str, list[float]]]
+    lrs: list[float | None]
+    shapes: list[Any]
 
 
 class Family:
@@ -56,6 +79,6 @@ class Family:
         """Device pieces per parameter name once all parts are in; none by default."""
         return {}
 
-    def figures(self, step: Any) -> dict[str, float]:
-        """Host figures of the logging step (``step``: a :class:`~monitored_optim.families.Step`)."""
+    def figures(self, step: Step) -> dict[str, float]:
+        """Host figures of the logging step."""
         raise NotImplementedError

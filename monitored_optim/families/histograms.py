@@ -13,10 +13,9 @@ They are not scalar figures: they go to ``opt.monitor.histograms`` and the backe
 
 from __future__ import annotations
 
-from typing import Any
 
 from ..histograms import KEYS, PIECES, WIDTHS
-from .base import Family
+from .base import Family, Step
 
 
 class Histograms(Family):
@@ -28,5 +27,5 @@ class Histograms(Family):
     widths = WIDTHS
     binned = True
 
-    def figures(self, step: Any) -> dict[str, float]:
+    def figures(self, step: Step) -> dict[str, float]:
         return {}

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..pieces import WHOLE
-from .base import Family
+from .base import Family, Step
 
 ITERATIONS = 4
 BLOCK = 16
@@ -93,7 +93,7 @@ class Spectral(Family):
             self._x[name] = x
         return x
 
-    def figures(self, step: Any) -> dict[str, float]:
+    def figures(self, step: Step) -> dict[str, float]:
         out = {}
         fro = step.table.sq_norm[:, 2].tolist()
         for name, pieces, shape, fro_sq in zip(step.names, step.pieces, step.shapes, fro):

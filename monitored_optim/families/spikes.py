@@ -36,7 +36,7 @@ from torch import Tensor
 
 from .._warnings import Once
 from ..hosted import MomentTable
-from .base import Family
+from .base import Family, Step
 
 WINDOW = 20
 """Values of each series the median and MAD are taken over: the last ones admitted."""
@@ -140,7 +140,7 @@ class Spikes(Family):
         self.rule = SpikeRule(len(FIGURES))
         self._told = Once()
 
-    def figures(self, step: Any) -> dict[str, float]:
+    def figures(self, step: Step) -> dict[str, float]:
         names = tuple(step.names)
         x = _values(step.table, step.lrs)
         spike = self.rule.judge(names, x) & x.isfinite()

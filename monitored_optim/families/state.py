@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..pieces import NORM, SUM
-from .base import Family
+from .base import Family, Step
 
 STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum", "square_avg", "grad_avg",
               "acc_delta", "exp_inf", "ax", "prev", "step_size", "variance")
@@ -56,7 +56,7 @@ class OptimizerState(Family):
             pieces["eps_count"] = below
         return pieces
 
-    def figures(self, step: Any) -> dict[str, float]:
+    def figures(self, step: Step) -> dict[str, float]:
         table, out = step.table, {}
         n = table.n[:, 0].tolist()
         zero_grad = table.all_zero[:, 1].tolist()
