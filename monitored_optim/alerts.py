@@ -74,7 +74,7 @@ class Voice:
         self.should_stop = False
         self.stop_reason: str | None = None
         self._last: dict[str, float] = {}  # kind -> when its last alert was told
-        self._held: dict[str, int] = {}  # kind -> alerts held back since
+        self._untold: dict[str, int] = {}  # kind -> alerts held back since its last
 
     def warn(self, text: str, category: type[Warning] = RuntimeWarning) -> None:
         """``warnings.warn(text, category)`` in the process that tells."""
@@ -93,11 +93,11 @@ class Voice:
             return
         now, last = self.clock(), self._last.get(kind)
         if last is not None and now - last < INTERVAL:
-            self._held[kind] = self._held.get(kind, 0) + 1
+            self._untold[kind] = self._untold.get(kind, 0) + 1
             return
-        held, self._last[kind], self._held[kind] = self._held.get(kind, 0), now, 0
+        untold, self._last[kind], self._untold[kind] = self._untold.get(kind, 0), now, 0
         level = logging.ERROR if kind in ERRORS else logging.WARNING
-        title, text = _words(kind, step, layers, held)
+        title, text = _words(kind, step, layers, untold)
         LOGGER.log(level, "%s: %s", title, text)
         if self.send is not None:
             self.send(title[:TITLE], text, level, step)
@@ -105,21 +105,21 @@ class Voice:
     def state_dict(self) -> dict[str, Any]:
         """The clocks of the alerts, to resume with (:meth:`load_state_dict`); a stop is not kept (a run
         resumed is a run that goes on)."""
-        return {"last": dict(self._last), "held": dict(self._held)}
+        return {"last": dict(self._last), "untold": dict(self._untold)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from what :meth:`state_dict` gave."""
-        self._last, self._held = dict(state.get("last", {})), dict(state.get("held", {}))
+        self._last, self._untold = dict(state.get("last", {})), dict(state.get("untold", {}))
 
 
-def _words(kind: str, step: int, layers: Sequence[str], held: int) -> tuple[str, str]:
-    """The title and text of an alert of ``kind`` at ``step`` about ``layers`` (``held``: alerts of that
+def _words(kind: str, step: int, layers: Sequence[str], untold: int) -> tuple[str, str]:
+    """The title and text of an alert of ``kind`` at ``step`` about ``layers`` (``untold``: alerts of that
     kind held back since the last one told)."""
     title = f"monitored_optim: {kind} at step {step}"
     text = KINDS[kind]
     if layers:
         more = f" and {len(layers) - SHOWN} more" if len(layers) > SHOWN else ""
         text += ": " + ", ".join(layers[:SHOWN]) + more
-    if held:
-        text += f" ({held} more {kind} alert{'s' if held > 1 else ''} held back since the last one)"
+    if untold:
+        text += f" ({untold} more {kind} alert{'s' if untold > 1 else ''} held back since the last one)"
     return title, text

@@ -123,14 +123,14 @@ def _inside(obj: Any) -> tuple[torch.optim.Optimizer, Any, torch.nn.Module | Non
         if model is None and isinstance(inner, torch.nn.Module) and isinstance(module := getattr(inner, "module", None),
                                                                                torch.nn.Module):
             model = module  # a DeepSpeed engine (its .module is the model)
-        inner = _held(inner)
+        inner = _inner(inner)
     if inner is None or not _is_optimizer(inner):
         raise TypeError(f"attach() expects a torch.optim.Optimizer or a wrapper holding one (accelerate's, "
                         f"Lightning's, a DeepSpeed engine); found none in {type(obj).__name__}")
     return inner, wrapper, model
 
 
-def _held(obj: Any) -> Any:
+def _inner(obj: Any) -> Any:
     """The optimizer ``obj`` holds as ``_optimizer`` or ``optimizer``, or None."""
     return getattr(obj, "_optimizer", None) or getattr(obj, "optimizer", None)
 
@@ -139,7 +139,7 @@ def _is_optimizer(obj: Any) -> bool:
     """Whether ``obj`` is a torch optimizer that does the arithmetic itself, not a framework's wrapper
     of one (an optimizer of accelerate, Lightning or DeepSpeed's runtime that holds another)."""
     return isinstance(obj, torch.optim.Optimizer) and not (
-        type(obj).__module__.startswith(_WRAPPER_PACKAGES) and _held(obj) is not None)
+        type(obj).__module__.startswith(_WRAPPER_PACKAGES) and _inner(obj) is not None)
 
 
 def reroute(optimizer: torch.optim.Optimizer, old: Any, new: Any) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import atexit
 import functools
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import distributed, grouping
 from ._warnings import Once, warn
@@ -21,6 +21,7 @@ from .history import History
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from .capture.plan import Roster
     from .histograms import Histogram
 
 
@@ -65,7 +66,7 @@ class Delivery:
             self._writes = distributed.is_writer()
         return self._writes
 
-    def send(self, step: int, figures: dict[str, float], roster: Any,
+    def send(self, step: int, figures: dict[str, float], roster: Roster,
              hists: dict[str, Histogram] | None = None) -> None:
         """Make ``figures`` (tags without the prefix) the ``latest`` of ``step`` and record them; on the
         writing rank, write ``params.json`` (in the run directory of the file backends, :mod:`.backends.rundir`) when

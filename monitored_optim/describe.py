@@ -115,12 +115,12 @@ def _engine_rows(layout: Layout, taken: dict[str, str]) -> list[tuple[str, ...]]
     """The table of :func:`describe` under DeepSpeed, its heading first: one row per model parameter in
     the wrapper's flat buffers (its whole shape, the dtype of the fp32 fragments the optimizer steps),
     its capture the route ``taken`` at the last logging step."""
-    held: dict[str, tuple[Any, torch.Tensor, list[str]]] = {}  # name -> its parameter, a fragment, its buffers
+    found: dict[str, tuple[Any, torch.Tensor, list[str]]] = {}  # name -> its parameter, a fragment, its buffers
     for k, (group, fragments) in enumerate(layout.groups()):
         for name, h in zip(group["param_names"], fragments):
-            held.setdefault(name, (h.source, h.local, []))[2].append(str(k))
+            found.setdefault(name, (h.source, h.local, []))[2].append(str(k))
     rows: list[tuple[str, ...]] = [HEADING]
-    for name, (source, local, buffers) in held.items():
+    for name, (source, local, buffers) in found.items():
         shape = whole_shape(source)
         where = f"in flat buffer{'s' if len(buffers) > 1 else ''} {', '.join(buffers)}"
         rows.append((name, "x".join(map(str, shape)) or "scalar", str(local.dtype).replace("torch.", ""),

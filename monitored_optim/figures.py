@@ -35,13 +35,13 @@ class Figures:
         settings: the monitor's settings (``figures``, ``verify``).
         chosen: the figure families' instances (:func:`monitored_optim.families.build`).
         health: the monitor's health tracker.
-        held: whether the step just taken left a param group unchanged by the optimizer's design
-            (:meth:`~monitored_optim.updates.View.held`); default: never.
+        silent: whether the step just taken left a param group unchanged by the optimizer's design
+            (:meth:`~monitored_optim.updates.View.silent`); default: never.
     """
 
     def __init__(self, settings: Settings, chosen: list[Any], health: Health,
-                 held: Callable[[dict[str, Any]], bool] = lambda group: False) -> None:
-        self.settings, self.families, self.health, self.held = settings, chosen, health, held
+                 silent: Callable[[dict[str, Any]], bool] = lambda group: False) -> None:
+        self.settings, self.families, self.health, self.silent = settings, chosen, health, silent
         self._verify_told = Once()
         self._tag_names: tuple[str, ...] = ()  # the names of _tag_list: every _tags of each, in order
         self._tag_list: list[str] = []
@@ -62,14 +62,14 @@ class Figures:
                 groups one for one (DeepSpeed's sub-groups); None: ``lrs``.
         """
         table = hosted.table
-        still = {id(group) for group in groups if self.held(group)}
-        held = [g in still for g in roster.groups] if still else None  # unchanged by the optimizer's design
-        figures = self._per_parameter(roster, hosted, held)
+        still = {id(group) for group in groups if self.silent(group)}
+        silent = [g in still for g in roster.groups] if still else None  # unchanged by the optimizer's design
+        figures = self._per_parameter(roster, hosted, silent)
         rest = {f"global/{kind}_norm": math.sqrt(v)
                 for kind, v in zip(("param", "grad", "update"), table.sq_norm.sum(0).tolist())}
         rest.update(learning_rates(optimizer, lrs))
         if "health" in self.settings.figures:  # its counts and warnings need the grads it reduces
-            rest.update(self.health.figures(_health_checks(roster.names, table, held, roster.frozen), step))
+            rest.update(self.health.figures(_health_checks(roster.names, table, silent, roster.frozen), step))
         if self.families:
             group_lr = {id(group): lr for group, lr in zip(groups, lrs if group_lrs is None else group_lrs)}
             seen = families.Step(step, roster.names, table, hosted.pieces, list(map(group_lr.get, roster.groups)),
@@ -87,9 +87,9 @@ class Figures:
                 figures["verify/max_rel_error"] = max(errors)
         return figures
 
-    def _per_parameter(self, roster: Roster, hosted: Hosted, held: list[bool] | None) -> dict[str, float]:
+    def _per_parameter(self, roster: Roster, hosted: Hosted, silent: list[bool] | None) -> dict[str, float]:
         """The five of :func:`_tags` (the grad's only where there was one, none undefined or not
-        finite) and ``update_lost`` in low precision (0 where ``held``: nothing was meant to move)."""
+        finite) and ``update_lost`` in low precision (0 where ``silent``: nothing was meant to move)."""
         table, norm, names = hosted.table, hosted.table.norm, roster.names
         columns = torch.stack([norm[:, 0], norm[:, 2], table.log10_ratio(2, 0),
                                norm[:, 1], table.log10_ratio(1, 0)], 1)
@@ -103,7 +103,7 @@ class Figures:
         for i in roster.low:
             got = hosted.pieces[i]
             if "lost" in got and n[i] > 0:
-                figures[f"update_lost/{names[i]}"] = 0.0 if held and held[i] else got["lost"][0] / n[i]
+                figures[f"update_lost/{names[i]}"] = 0.0 if silent and silent[i] else got["lost"][0] / n[i]
         return figures
 
     def _verify_error(self, name: str, miss: float, truth: float) -> float:
@@ -123,17 +123,17 @@ def _tags(name: str) -> tuple[str, ...]:
             f"grad_norm/{name}", f"grad_to_data/{name}")
 
 
-def _health_checks(names: list[str], table: MomentTable, held: list[bool] | None = None,
+def _health_checks(names: list[str], table: MomentTable, silent: list[bool] | None = None,
                    frozen: list[bool] | None = None) -> Checks:
     """The :class:`~monitored_optim.health.Checks` of a logging step from its table: a grad where the
-    table has one, unchanged where it had a grad and its update is all zeros (unless ``held``, per
+    table has one, unchanged where it had a grad and its update is all zeros (unless ``silent``, per
     parameter: by the optimizer's design), non-finite values, grads (where it had one) and updates,
     the ratios withheld for sums too coarse to tell their spread, and ``frozen`` (per parameter:
     frozen on purpose; None: none is)."""
     has_grad = table.has[:, 1]
     unchanged = has_grad & table.all_zero[:, 2] & (table.n[:, 0] > 0)
-    if held is not None:
-        unchanged &= ~torch.tensor(held, dtype=torch.bool)
+    if silent is not None:
+        unchanged &= ~torch.tensor(silent, dtype=torch.bool)
     nonfinite = {}
     if not table.finite.all().tolist():  # the usual case has nothing to name (tolist: no scalar read)
         bad = ~table.finite  # a kind without values holds zeros: finite

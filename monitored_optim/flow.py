@@ -26,8 +26,8 @@ import torch
 from . import distributed, histograms, reduce, stats
 from ._warnings import Once
 from .capture import Capture, closure_of, with_grads_of_closure
-from .capture.plan import Entries, Stepped, names, tell_unmapped
-from .capture.spent import stage
+from .capture.plan import Entries, Stepped, selected, tell_unmapped
+from .capture.spent import Spent, stage
 from .config import Settings
 from .count import StepCount
 from .deliver import Delivery
@@ -73,8 +73,14 @@ class Flow:
         """Optimizer steps completed (the step a stage's record is of, :func:`~monitored_optim.capture.spent.stage`)."""
         return self._count.step
 
+    @property
+    def spent(self) -> Spent:
+        """The record of the logging steps' cost (the capture's)."""
+        return self.capture.spent
+
     def skipped(self) -> None:
-        """Count a step that an AMP GradScaler, DeepSpeed or the guard skipped."""
+        """Count a step that an AMP GradScaler or DeepSpeed skipped (the guard's are counted by
+        :meth:`guard_skips`)."""
         self.health.skipped_steps += 1
         self._count.skipped(self.settings.count)
 
@@ -87,9 +93,7 @@ class Flow:
         assert self.guard is not None  # asked only with the guard on
         key = (*(id(p) for group in optimizer.param_groups for p in group["params"]), len(self.models.names))
         if key != self._guarded[0]:  # param groups or names changed (watch): name and choose again
-            every = [(n, p) for group, own in zip(optimizer.param_groups, names(optimizer, self.models.names))
-                     for n, p in zip(own, group["params"])]
-            self._guarded = key, [(n, p) for n, p in every if self.settings.select(n, p)]
+            self._guarded = key, selected(optimizer, self.models.names, self.settings.select)[1]
         closure = closure_of(args, kwargs, self.closure_first) if self.closure_ahead else None  # else: the step's
         skips, args, kwargs, loss = self.guard.ahead(self._guarded[1], args, kwargs, closure,
                                                      getattr(optimizer, "grad_scale", None), self._count.step + 1)
@@ -173,14 +177,14 @@ class Flow:
         self.capture.finish(entries)
         roster = self.capture.roster(entries, sharding.shape)
         hosted, reduced, read = reduce.gather(entries, roster, pending.batch.finish(), source, sharding,
-                                              self._keys, self._ranks, self.capture.spent.so_far())
+                                              self._keys, self._ranks, self.spent.so_far())
         lrs = group_lrs(source.param_groups, read)
         groups = pending.read.param_groups
         everyone = roster.joined(reduced.remote, reduced.names)
         local = group_lrs(groups) if local_groups else None
         figures = self._figures.compute(step, everyone, hosted, source, lrs, groups, local)
         self.capture.remember(roster, hosted if everyone is roster else hosted.head(len(roster.names)))
-        figures.update(self.capture.spent.figures(self.settings.figures, reduced.cost))
+        figures.update(self.spent.figures(self.settings.figures, reduced.cost))
         if self.guard is not None:
             figures["guard/skipped"] = float(self.guard.skipped)
         self._count.logged = step

@@ -72,8 +72,8 @@ class Guard:
         ``scale`` (a fused ``GradScaler`` step's, else None); counts it and tells its events.
 
         One host sync; under ``torch.distributed`` also one ``all_reduce`` of two flags."""
-        held = [(name, local) for name, g in named if (local := _local(g)).numel()]  # an empty shard holds nothing
-        names, grads = tuple(name for name, _ in held), [g for _, g in held]
+        present = [(name, local) for name, g in named if (local := _local(g)).numel()]  # an empty shard holds nothing
+        names, grads = tuple(name for name, _ in present), [g for _, g in present]
         bad, x = self._measure(grads, scale)
         nonfinite = bad.tolist() if "nonfinite" in self.kinds else [False] * len(names)
         spiking = self.rule.judge(names, x)[:, 0].tolist() if self.rule is not None else [False] * len(names)

@@ -96,10 +96,10 @@ class Health:
         Returns the names (as the plain model inside ``model``'s wrappers gives them) of the missing
         parameters.
         """
-        held = {id(p) for p in params}
-        if all(id(p) in held for p in model.parameters() if p.requires_grad):
+        given = {id(p) for p in params}
+        if all(id(p) in given for p in model.parameters() if p.requires_grad):
             return []
-        missing = [n for n, p in own_named_parameters(model) if p.requires_grad and id(p) not in held]
+        missing = [n for n, p in own_named_parameters(model) if p.requires_grad and id(p) not in given]
         self._once("missing", missing, lambda name: (
             f"monitored_optim: trainable parameter {name!r} of the watched model is in no param group of the "
             "optimizer, so it never changes; add it to the optimizer or set requires_grad=False"))
@@ -137,8 +137,8 @@ class Health:
         ``step`` and warn about the new ones (``message(first name, its run)``). A name not in
         ``names`` keeps its run."""
         flagged = list(compress(names, now))
-        held = set(flagged)
-        ended = [n for n in streaks if n not in held]
+        still = set(flagged)
+        ended = [n for n in streaks if n not in still]
         if ended:  # runs end where the condition no longer holds
             monitored = set(names)
             for name in ended:

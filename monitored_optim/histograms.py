@@ -142,8 +142,8 @@ def counts(x: Tensor, scale: Tensor | None = None, work: Workspace | None = None
         with the other pieces, exactly up to 2**53 elements).
     """
     flat = flattened(x, scale)
-    table, held = keys_counted(flat, finite_ends(flat) is not None, work)
-    return folded(held.view(1, -1), table)[0]
+    table, counts = keys_counted(flat, finite_ends(flat) is not None, work)
+    return folded(counts.view(1, -1), table)[0]
 
 
 def flattened(x: Tensor, scale: Tensor | None) -> Tensor:
@@ -185,14 +185,14 @@ def occurrences(key: Tensor, size: int) -> Tensor:
     if key.device.type == "cpu":
         return torch.bincount(key, minlength=size)
     key = key.int() if key.dtype is torch.uint8 else key  # index_add_ takes int32 and int64 indices
-    held = torch.zeros(size, dtype=torch.int64, device=key.device)
-    return held.index_add_(0, key, torch.ones(1, dtype=torch.int64, device=key.device).expand(key.numel()))
+    counts = torch.zeros(size, dtype=torch.int64, device=key.device)
+    return counts.index_add_(0, key, torch.ones(1, dtype=torch.int64, device=key.device).expand(key.numel()))
 
 
-def folded(held: Tensor, table: Tensor) -> Tensor:
+def folded(counts: Tensor, table: Tensor) -> Tensor:
     """Float64 ``(k, NBINS)`` counts of the bins from k rows of counts of keys, int64 ``(k, len(table))``."""
-    out = torch.zeros(held.shape[0], NBINS + 1, dtype=torch.float64, device=held.device)
-    return out.index_add_(1, table, held.double())[:, :NBINS]
+    out = torch.zeros(counts.shape[0], NBINS + 1, dtype=torch.float64, device=counts.device)
+    return out.index_add_(1, table, counts.double())[:, :NBINS]
 
 
 def keys(flat: Tensor, work: Workspace | None = None) -> Tensor:

@@ -47,7 +47,7 @@ HOLDERS = frozenset({("torch", "DistributedDataParallel"), ("torch", "DataParall
 as (top package, class name) of a class in their MRO: DDP (Ray Train's and accelerate's too),
 ``DataParallel``, and DeepSpeed's engine (its pipeline engine too)."""
 
-_HELD: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_INNER: WeakIdKeyDictionary = WeakIdKeyDictionary()
 """parameter -> the names (:data:`WRAPPING` components left out) under which :data:`HOLDERS`
 wrappers met so far hold it."""
 
@@ -125,9 +125,9 @@ def _own(name: str, p: torch.Tensor) -> str:
     so far that holds ``p`` under it (the one whose name for ``p`` is the longest end of it first)."""
     *path, leaf = name.split(".")
     name = ".".join([*(part for part in path if part not in WRAPPING), leaf])
-    held = _HELD.get(p, ())
+    inner_names = _INNER.get(p, ())
     while "module" in name.split(".")[:-1]:
-        inner = max((h for h in held if name == h or name.endswith("." + h)), key=len, default=None)
+        inner = max((h for h in inner_names if name == h or name.endswith("." + h)), key=len, default=None)
         if inner is None:
             break
         name = name[:len(name) - len(inner)] + inner[len("module."):]
@@ -140,4 +140,4 @@ def _remember(holder: torch.nn.Module) -> None:
         *path, leaf = name.split(".")
         path = [part for part in path if part not in WRAPPING]
         if path[:1] == ["module"]:
-            _HELD.setdefault(p, set()).add(".".join([*path, leaf]))
+            _INNER.setdefault(p, set()).add(".".join([*path, leaf]))

@@ -64,7 +64,7 @@ class Monitor(ReadBack):
         families.speak(chosen, self.voice)  # warnings and events where the figures are written
         self.health = Health(self.voice)
         self.guard = Guard(self.settings.guard, self.settings.skip_budget, self.voice) if self.settings.guard else None
-        figures = Figures(self.settings, chosen, self.health, capture.held)  # no cycle through self
+        figures = Figures(self.settings, chosen, self.health, capture.silent)  # no cycle through self
         self._optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None
         self._usage = usage.Usage(optimizer_cls.__name__)
         self._models = Models()  # the names of parameters after the models, and the models watched

@@ -72,17 +72,17 @@ def keys(families: Iterable[object]) -> Keys:
                 {key: n for fam in fams for key, n in getattr(fam, "widths", {}).items()})
 
 
-def combine(how: str, held: Tensor, value: Tensor) -> Tensor:
+def combine(how: str, kept: Tensor, value: Tensor) -> Tensor:
     """Two parts' values of one key, as one: NORM by ``hypot``, MIN and MAX the lesser and the
     greater, SUM (and the others) added."""
     if how == NORM:
-        return torch.hypot(held, value)
+        return torch.hypot(kept, value)
     if how in (MIN, MAX):
-        return torch.minimum(held, value) if how == MIN else torch.maximum(held, value)
-    return held + value
+        return torch.minimum(kept, value) if how == MIN else torch.maximum(kept, value)
+    return kept + value
 
 
 def accumulate(pieces: dict[str, Tensor], key: str, value: Tensor, reductions: Mapping[str, str]) -> None:
     """Add a part's ``value`` of ``key`` into a parameter's ``pieces``, by its declared reduction."""
-    held = pieces.get(key)
-    pieces[key] = value if held is None else combine(reductions[head(key)], held, value)
+    kept = pieces.get(key)
+    pieces[key] = value if kept is None else combine(reductions[head(key)], kept, value)

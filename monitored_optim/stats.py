@@ -313,7 +313,7 @@ class Moments:
     @functools.cached_property
     def _where(self) -> dict[int, tuple[torch.device, int]]:
         """Slot -> ``(device, row)``, built at the first :meth:`__getitem__` (the sharded path's)."""
-        return {slot: (device, j) for device, held in self.order.items() for j, slot in enumerate(held.tolist())}
+        return {slot: (device, j) for device, slots in self.order.items() for j, slot in enumerate(slots.tolist())}
 
     def host(self, index: Tensor, extra: list[Tensor]) -> tuple[Tensor, Tensor, list[list[float]]]:
         """The moments of the slots ``index`` names and the values of ``extra``, on the host.

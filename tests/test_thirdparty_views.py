@@ -85,11 +85,11 @@ GRID = list(itertools.product(CASES, INITS, LRS))
 
 
 def _truth(opt, named, before, grads):
-    """:func:`truth.figures` after a step of ``opt``, held where schedule-free RAdam's silent phase
+    """:func:`truth.figures` after a step of ``opt``, silent where schedule-free RAdam's silent phase
     kept its lr at 0 by design (its ``scheduled_lr``, lr·rect with rect = 0; the lr itself not 0)."""
     group = opt.param_groups[0]
-    held = "silent_sgd_phase" in group and group["scheduled_lr"] == 0 and group["lr"] != 0
-    return truth.figures(named, before, grads, held)
+    silent = "silent_sgd_phase" in group and group["scheduled_lr"] == 0 and group["lr"] != 0
+    return truth.figures(named, before, grads, silent)
 
 
 def _step_beside_plain(opt, plain, named, plain_named, gen: torch.Generator, steps: int = STEPS,

@@ -145,6 +145,21 @@ def test_register_refuses_a_capability_that_is_not_a_method():
     with pytest.raises(TypeError, match="'bound' of .* to be a method"):
         register(cls, view)
 
+
+@pytest.mark.parametrize("base", [object, View])
+def test_register_refuses_a_view_whose_silent_steps_are_still_called_held(base):
+    """``held(group)`` was renamed ``silent(group)``: a view that still defines ``held`` alone is
+    refused by ``register()`` with the new name, rather than its silent steps going unnoticed."""
+    view = type("Old", (base,), {"before": _Checked.before, "update": _Checked.update,
+                                 "held": lambda self, group: True})()
+    cls = type("HeldOld", (torch.optim.SGD,), {"step": _sgd_step})
+    with pytest.raises(TypeError, match=r"Old\.held\(group\) is now called silent\(group\)"):
+        register(cls, view)
+    renamed = type("New", (base,), {"before": _Checked.before, "update": _Checked.update,
+                                    "silent": lambda self, group: True})()
+    register(cls, renamed)
+    assert view_for(cls) is renamed
+
 @pytest.mark.parametrize("kind", ["view", "duck", "whole"])
 def test_a_large_parameter_of_a_third_party_elementwise_view_is_reduced_in_parts(kind, tmp_path):
     """A third-party view that says it is element-wise rebuilds a weight of more than PART_ELEMENTS

@@ -21,9 +21,9 @@ def snapshot(named: list[tuple[str, Tensor]]) -> tuple[dict[str, Tensor], dict[s
 
 
 def figures(named: list[tuple[str, Tensor]], before: dict[str, Tensor],
-            grads: dict[str, Tensor | None], held: bool = False) -> dict[str, float]:
+            grads: dict[str, Tensor | None], silent: bool = False) -> dict[str, float]:
     """Expected per-parameter and global figures after the step, from the clones taken before it;
-    ``held``: the step left every parameter unchanged by the optimizer's design (a silent warm-up
+    ``silent``: the step left every parameter unchanged by the optimizer's design (a silent warm-up
     phase), so none counts as unchanged."""
     out: dict[str, float] = {"health/no_grad": 0.0, "health/unchanged": 0.0, "health/nonfinite": 0.0,
                              "health/skipped_steps": 0.0, "health/withheld": 0.0}
@@ -38,7 +38,7 @@ def figures(named: list[tuple[str, Tensor]], before: dict[str, Tensor],
         total["update"] += u.norm().item() ** 2
         out["health/no_grad"] += grads[name] is None
         # an empty parameter cannot change, so it is never counted as unchanged
-        out["health/unchanged"] += not held and grads[name] is not None and u.numel() > 0 and not u.any()
+        out["health/unchanged"] += not silent and grads[name] is not None and u.numel() > 0 and not u.any()
         out["health/nonfinite"] += not all(t is None or bool(t.isfinite().all()) for t in (p_b, grads[name], u))
         if grads[name] is not None:
             g = grads[name].double()

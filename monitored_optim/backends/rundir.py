@@ -59,10 +59,10 @@ def claim(logdir: Path, step: int) -> Path:
     """The run directory in ``logdir`` of a writer of this process whose first logging step is ``step``: the
     one this process already writes there, else chosen (module docstring) and locked. Never raises."""
     key = os.path.realpath(logdir)
-    held = _CLAIMS.get(key)
-    if held is not None:
-        held.count += 1
-        return held.where
+    taken = _CLAIMS.get(key)
+    if taken is not None:
+        taken.count += 1
+        return taken.where
     where, fd = _place(logdir, step)
     _CLAIMS[key] = _Claim(where, fd, 1)
     return where
@@ -71,14 +71,14 @@ def claim(logdir: Path, step: int) -> Path:
 def release(logdir: Path) -> None:
     """Let one writer of this process in ``logdir`` go; the last one unlocks its run directory."""
     key = os.path.realpath(logdir)
-    held = _CLAIMS.get(key)
-    if held is None:
+    taken = _CLAIMS.get(key)
+    if taken is None:
         return
-    held.count -= 1
-    if held.count == 0:
+    taken.count -= 1
+    if taken.count == 0:
         del _CLAIMS[key]
-        if held.fd is not None:
-            os.close(held.fd)
+        if taken.fd is not None:
+            os.close(taken.fd)
 
 
 def later_runs(logdir: Path) -> list[Path]:
@@ -118,8 +118,8 @@ def _place(logdir: Path, step: int) -> tuple[Path, int | None]:
     if busy is not None:
         why = f"another process ({busy[1]}) is logging to {str(busy[0])!r}"
     else:
-        held = max(last for last in lasts.values() if last is not None)
-        why = (f"{str(logdir)!r} already holds a run logged up to step {held}, and this one logs from step {step} "
+        latest = max(last for last in lasts.values() if last is not None)
+        why = (f"{str(logdir)!r} already holds a run logged up to step {latest}, and this one logs from step {step} "
                "(a new run, or a resume from an earlier checkpoint)")
     warn(f"monitored_optim: {why}: its files go to {str(new)!r}, kept apart, a run of its own for TensorBoard "
          "and the report; give each run its own logdir (MonitorConfig(logdir=...) or MONITORED_OPTIM_LOGDIR) "
@@ -210,9 +210,9 @@ def _last_event(path: Path) -> int | None:
 
 def _forget() -> None:
     """In a forked child: close the parent's lock descriptors; the child takes its own when it writes."""
-    for held in _CLAIMS.values():
-        if held.fd is not None:
-            os.close(held.fd)
+    for taken in _CLAIMS.values():
+        if taken.fd is not None:
+            os.close(taken.fd)
     _CLAIMS.clear()
 
 

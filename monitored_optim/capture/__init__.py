@@ -206,10 +206,10 @@ class Capture:
         return not (sharded or grad_scale is not None or self.settings.verify or closure is not None
                     or self.eager.reads_parts)
 
-    def held(self, group: dict[str, Any]) -> bool:
+    def silent(self, group: dict[str, Any]) -> bool:
         """Whether the step just taken left ``group`` unchanged by the optimizer's design
-        (:meth:`~monitored_optim.updates.View.held` of the view in use)."""
-        return self.view.held(group)
+        (:meth:`~monitored_optim.updates.View.silent` of the view in use)."""
+        return self.view.silent(group)
 
     def risky(self, name: str) -> bool:
         """Whether the snapshot rule's rounding risk copies parameter ``name`` (never where the view

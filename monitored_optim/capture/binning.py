@@ -66,12 +66,12 @@ class Tally:
         :func:`~monitored_optim.histograms.counts`')."""
         flat = flattened(x, scale)
         ends = finite_ends(flat)
-        table, held = keys_counted(flat, ends is not None, work)
+        table, counts = keys_counted(flat, ends is not None, work)
         if ends is None:
             low, high, sums = _masked_extent(flat, work)
-            self._part(owner, series, table, held, torch.cat([low, high]), sums)
+            self._part(owner, series, table, counts, torch.cat([low, high]), sums)
         else:
-            self._part(owner, series, table, held, ends, _sums(flat, work))
+            self._part(owner, series, table, counts, ends, _sums(flat, work))
 
     def add_zeros(self, owner: Owner, series: str, x: Tensor) -> None:
         """Count the change of a part ``x`` that the view says did not move: x - x, an exact zero for
@@ -79,11 +79,11 @@ class Tally:
         flat = flattened(x, None)
         n = torch.isfinite(flat).sum()
         table = fold(torch.float32, flat.device, True)
-        held = torch.zeros(len(table), dtype=torch.int64, device=flat.device)
-        held[0] = n  # +0.0's key
+        counts = torch.zeros(len(table), dtype=torch.int64, device=flat.device)
+        counts[0] = n  # +0.0's key
         ends = torch.where(n > 0, torch.zeros(2, dtype=torch.float64, device=flat.device),
                            torch.tensor([math.inf, -math.inf], dtype=torch.float64, device=flat.device))
-        self._part(owner, series, table, held, ends, torch.zeros(2, dtype=torch.float64, device=flat.device))
+        self._part(owner, series, table, counts, ends, torch.zeros(2, dtype=torch.float64, device=flat.device))
 
     def drop(self, owner: Owner, series: str) -> None:
         """Forget the parts counted of ``owner``'s tensor under ``series`` (its grads, made again by a closure)."""
@@ -95,16 +95,16 @@ class Tally:
         owners, self._owners = list(self._owners.values()), {}
         parts = [(g, part) for g, (_, counted) in enumerate(owners) for part in counted]
         out = []
-        for device in dict.fromkeys(part.held.device for _, part in parts):
+        for device in dict.fromkeys(part.counts.device for _, part in parts):
             tables: dict[int, tuple[Tensor, list[tuple[int, _Part]]]] = {}  # by fold table: folded at once
             for g, part in parts:
-                if part.held.device == device:
+                if part.counts.device == device:
                     tables.setdefault(id(part.table), (part.table, []))[1].append((g, part))
             mine = [item for _, items in tables.values() for item in items]
             local = {g: i for i, g in enumerate(dict.fromkeys(g for g, _ in mine))}
             index = torch.tensor([local[g] for g, _ in mine], device=device)
             n = len(local)
-            bins = [folded(torch.stack([part.held for _, part in items]), table) for table, items in tables.values()]
+            bins = [folded(torch.stack([part.counts for _, part in items]), table) for table, items in tables.values()]
             rows = torch.cat([torch.cat(bins), _pairs([part.sums for _, part in mine], device)], 1)
             summed = torch.zeros(n, WIDTH, dtype=torch.float64, device=device).index_add_(0, index, rows)
             ends = _pairs([part.ends for _, part in mine], device)
@@ -116,9 +116,9 @@ class Tally:
                 out.append((owner, dict(zip(piece_keys(series), values))))
         return out
 
-    def _part(self, owner: Owner, series: str, table: Tensor, held: Tensor, ends: Pair, sums: Pair) -> None:
+    def _part(self, owner: Owner, series: str, table: Tensor, counts: Tensor, ends: Pair, sums: Pair) -> None:
         """Keep one part's counts of its keys (of ``table``), its ends ``(min, max)`` and its sums."""
-        self._owners.setdefault((id(owner), series), ((owner, series), []))[1].append(_Part(table, held, ends, sums))
+        self._owners.setdefault((id(owner), series), ((owner, series), []))[1].append(_Part(table, counts, ends, sums))
 
 
 Pair = Union[Tensor, tuple[float, float]]
@@ -130,7 +130,7 @@ class _Part(NamedTuple):
     and ``(Σx, Σx²)`` of its finite elements."""
 
     table: Tensor
-    held: Tensor
+    counts: Tensor
     ends: Pair
     sums: Pair
 
@@ -298,8 +298,8 @@ def _hand_out(members: list[Entry], values: list[tuple[Tensor, Tensor, Tensor]],
     k = len(members)
     for j, kind in enumerate(("u", "param", "grad")):
         keys = piece_keys(KEYS[kind])
-        for e, held, got in zip(members, present, values[j * k:(j + 1) * k]):
-            if held or kind != "grad":
+        for e, has, got in zip(members, present, values[j * k:(j + 1) * k]):
+            if has or kind != "grad":
                 e.pieces.update(zip(keys, got))
             else:
                 for key in keys:

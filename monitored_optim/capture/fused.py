@@ -414,7 +414,7 @@ def _put(batch: stats.Batch, chunk: list[Entry], rows: Tensor, kinds: tuple[str,
     A parameter whose step left it without a grad (not ``present``) gets no grad row; ``counts``:
     the entries' element counts, where known."""
     counts = counts if counts is not None else [stats.count(e.p) for e in chunk]
-    with_grad = [i for i, held in enumerate(present) if held]
+    with_grad = [i for i, has in enumerate(present) if has]
     for kind, table in zip(kinds, rows.unbind(0)):
         if kind == "grad" and len(with_grad) < len(chunk):
             batch.put(table[with_grad], [counts[i] for i in with_grad], [chunk[i].slots[kind] for i in with_grad])

@@ -150,14 +150,21 @@ def born(optimizer: torch.optim.Optimizer, known: dict[int, str], select: Any,
         warn("monitored_optim: the optimizer's parameters have no names, so figures are logged as "
              "param0, param1, ...; pass model.named_parameters() (or param groups whose 'params' are "
              "(name, tensor) pairs), or MonitorConfig(model=model), to log them by name")
-    every = [(n, p) for group, own in zip(optimizer.param_groups, names(optimizer, known))
-             for n, p in zip(own, group["params"])]
-    chosen = [(n, p) for n, p in every if select(n, p)]
+    every, chosen = selected(optimizer, known, select)
     if every and not chosen:
         warn(f"monitored_optim: the parameter selection (MonitorConfig params=/exclude= or MONITORED_OPTIM_PARAMS) "
              f"matches none of the {len(every)} parameters, so nothing is monitored; their names look like "
              f"{every[0][0]!r}", RuntimeWarning)
     return every, chosen
+
+
+def selected(optimizer: torch.optim.Optimizer, known: dict[int, str], select: Any
+             ) -> tuple[list[tuple[str, Tensor]], list[tuple[str, Tensor]]]:
+    """The optimizer's ``(name, parameter)`` pairs, and those ``select`` chooses (``known``: id -> name
+    from watched models, :func:`names`)."""
+    every = [(n, p) for group, own in zip(optimizer.param_groups, names(optimizer, known))
+             for n, p in zip(own, group["params"])]
+    return every, [(n, p) for n, p in every if select(n, p)]
 
 
 def tell_unmapped(optimizer: Stepped, told: Once) -> None:

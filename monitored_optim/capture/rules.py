@@ -358,6 +358,6 @@ class CentringMemory:
         index = torch.tensor(rows, dtype=torch.long)
         flags, grads, sizes = (table.needs_centring[index].tolist(), table.has[index, 1].tolist(),
                                table.n[index, 0].tolist())
-        held = self._flags
-        held.update({names[i]: flag if grad else [flag[0], held.get(names[i], self.FIRST)[1], flag[2]]
+        kept = self._flags
+        kept.update({names[i]: flag if grad else [flag[0], kept.get(names[i], self.FIRST)[1], flag[2]]
                      for i, flag, grad, size in zip(rows, flags, grads, sizes) if size})

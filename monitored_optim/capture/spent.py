@@ -26,7 +26,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -101,21 +101,33 @@ def nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+class Staged(Protocol):
+    """What :func:`stage` reads of the object whose method it decorates (a :class:`~monitored_optim.flow.Flow`)."""
+
+    @property
+    def spent(self) -> Spent:
+        """The record of the logging steps' cost."""
+
+    @property
+    def step(self) -> int:
+        """The optimizer step."""
+
+
 def stage(last: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a stage of a logging step (a method of the :class:`~monitored_optim.monitor.Monitor`,
-    whose ``capture.spent`` it reads): it runs outside compiled graphs (``torch.compiler.disable``)
-    with Python's cyclic garbage collector paused (a stage's few objects per parameter, freed by
-    reference counting, would otherwise trigger collections that scan the training process's whole
-    heap), and its host time goes into the step's record. ``last``: the stage that ends the logging
-    step, after which its record is :attr:`Spent.last`."""
+    """Decorate a stage of a logging step (a method of a :class:`Staged` object, a
+    :class:`~monitored_optim.flow.Flow`, whose ``spent`` it reads): it runs outside compiled graphs
+    (``torch.compiler.disable``) with Python's cyclic garbage collector paused (a stage's few objects
+    per parameter, freed by reference counting, would otherwise trigger collections that scan the
+    training process's whole heap), and its host time goes into the step's record. ``last``: the stage
+    that ends the logging step, after which its record is :attr:`Spent.last`."""
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
-        def run(monitor: Any, *args: Any, **kwargs: Any) -> Any:
-            spent, was_on, start = monitor.capture.spent, gc.isenabled(), None
+        def run(staged: Staged, *args: Any, **kwargs: Any) -> Any:
+            spent, was_on, start = staged.spent, gc.isenabled(), None
             try:  # paused inside, resumed first: a KeyboardInterrupt raised anywhere here leaves it on
                 gc.disable()
                 spent._since = start = time.perf_counter()
-                return fn(monitor, *args, **kwargs)
+                return fn(staged, *args, **kwargs)
             finally:
                 if was_on:
                     gc.enable()
@@ -123,7 +135,7 @@ def stage(last: bool = False) -> Callable[[Callable[..., Any]], Callable[..., An
                 if spent.now is not None and start is not None:  # opened by the capture before the step
                     spent.now.seconds += time.perf_counter() - start
                     if last:
-                        spent.last, spent.now.step = spent.now, monitor.step
+                        spent.last, spent.now.step = spent.now, staged.step
         return torch.compiler.disable(run)
     return wrap
 
@@ -137,7 +149,8 @@ def taken(route: Route, view: str, snapshots: list[Any]) -> str:
         view: the view's class name.
         snapshots: the snapshot of each of its parts as the view's ``before`` left it: a
             :class:`~monitored_optim.updates.Cloned` where the view fell back to a copy of p_before,
-            a :class:`~monitored_optim.updates.Summed` where it replayed the step for its sums.
+            a :class:`~monitored_optim.updates.Summed` where it replayed the step for its sums
+            (``replayed``; the sums of a parameter's turn are the route itself).
     """
     from ..updates import Cloned, Summed
 
@@ -145,7 +158,7 @@ def taken(route: Route, view: str, snapshots: list[Any]) -> str:
         return route.label(view)
     n = len(snapshots)
     cloned = sum(isinstance(s, Cloned) for s in snapshots)
-    summed = sum(isinstance(s, Summed) for s in snapshots)
+    summed = sum(isinstance(s, Summed) and s.replayed for s in snapshots)  # a turn's sums are its route
 
     def of(k: int) -> str:
         return "" if n == 1 else f" ({k} of {n} parts)"

@@ -68,20 +68,20 @@ class Spectral(Family):
         y = m @ x
         if name not in self._open:
             self._open[name] = [torch.zeros_like(x), x.new_zeros(x.shape[1], x.shape[1]), bad]
-        held = self._open[name]
-        if held is not None:
-            held[0] += m.T @ y
-            held[1] += y.T @ y
-            held[2] = held[2] | bad
+        sums = self._open[name]
+        if sums is not None:
+            sums[0] += m.T @ y
+            sums[1] += y.T @ y
+            sums[2] = sums[2] | bad
         return {}
 
     def done(self) -> dict[str, dict[str, Tensor]]:
         """Finish the iteration of the parameters reduced a block of rows at a time."""
         out = {}
-        for name, held in self._open.items():
-            if held is not None:
-                self._x[name] = _orthonormal(held[0])
-                out[name] = {"spectral": _largest(held[1], held[2]).reshape(1)}
+        for name, sums in self._open.items():
+            if sums is not None:
+                self._x[name] = _orthonormal(sums[0])
+                out[name] = {"spectral": _largest(sums[1], sums[2]).reshape(1)}
         self._open = {}
         return out
 

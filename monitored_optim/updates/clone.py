@@ -90,8 +90,9 @@ class Rows:
 
 @dataclass(frozen=True)
 class Summed:
-    """An update known by the sums of its stored change alone, taken before the step by replaying
-    it (a view whose rebuild cannot recover p_before: schedule-free's lerp towards z).
+    """An update known by the sums of its stored change alone: taken before the step by replaying
+    it (``replayed``: a view whose rebuild cannot recover p_before, schedule-free's lerp towards z),
+    or during the step, as the optimizer steps the parameter in its turn (:mod:`~monitored_optim.updates.turns`).
 
     ``row`` is float64 of shape (3,) on p's device, ``(c, Σ(u - c), sqrt(Σ(u - c)²))`` for a shift c
     (the form of :meth:`monitored_optim.stats.Batch.put`), over the ``n`` elements of the part. The
@@ -101,6 +102,7 @@ class Summed:
 
     row: Tensor
     n: int
+    replayed: bool = True
 
 
 class CloneView(View):

@@ -164,7 +164,7 @@ class RAdamScheduleFreeView(ScheduleFreeView):
     def lr(self, group: dict[str, Any]) -> float:
         return group["lr"] * _rectification(group, group["k"] + 1)[0]
 
-    def held(self, group: dict[str, Any]) -> bool:
+    def silent(self, group: dict[str, Any]) -> bool:
         """True after a step of the silent phase (ρ_t <= 4 with ``silent_sgd_phase``: γ = lr·0) of a
         group whose lr is not 0 (a zero lr is the user's, and health tells of it)."""
         return group["k"] > 0 and bool(group["lr"] != 0) and _rectification(group, group["k"])[0] == 0

@@ -77,7 +77,7 @@ class Turns:
             return None
         if self._done:
             self._waiting, self._ran, self._done = {}, set(), False
-        sums = Summed(p.new_zeros(3, dtype=torch.float64), p.numel())
+        sums = Summed(p.new_zeros(3, dtype=torch.float64), p.numel(), replayed=False)
         self._waiting.setdefault(_address(p), []).append((p, sums))
         return sums
 

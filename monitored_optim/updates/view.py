@@ -83,7 +83,7 @@ class View(abc.ABC):
         sums may be taken after it (decided before the step). Default: True."""
         return True
 
-    def held(self, group: dict[str, Any]) -> bool:
+    def silent(self, group: dict[str, Any]) -> bool:
         """Whether the step just taken left every parameter of ``group`` unchanged by the optimizer's
         own design (a silent warm-up phase), read after the step: health then counts none of them as
         unchanged nor any update as lost. Default: False."""
@@ -102,7 +102,8 @@ class View(abc.ABC):
         return None
 
 
-OPTIONAL = ("elementwise", "checks_store", "bound", "stepping", "update_many", "keeps_grad", "held", "fusable", "fused")
+OPTIONAL = ("elementwise", "checks_store", "bound", "stepping", "update_many", "keeps_grad", "silent", "fusable",
+            "fused")
 """The capabilities a registered view without the :class:`View` base may leave out (:func:`adopt`)."""
 
 
@@ -128,10 +129,14 @@ def adopt(view: Any) -> View:
     ``view_for`` returns and ``describe()`` names).
 
     Raises:
-        TypeError: ``view`` lacks a ``before`` or ``update`` method, has a capability of
+        TypeError: ``view`` has ``held`` (now :meth:`View.silent`) and no ``silent`` of its own,
+            lacks a ``before`` or ``update`` method, has a capability of
             :data:`OPTIONAL` that should be a method and is not, or cannot take attributes
             (``__slots__``): subclass :class:`View` instead.
     """
+    if callable(getattr(view, "held", None)) and getattr(type(view), "silent", View.silent) is View.silent:
+        raise TypeError(f"{type(view).__name__}.held(group) is now called silent(group); rename it, or the "
+                        "monitor would not know of the optimizer's silent steps")
     if isinstance(view, View):
         return view
     if not (callable(getattr(view, "before", None)) and callable(getattr(view, "update", None))):
