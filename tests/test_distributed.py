@@ -4,8 +4,9 @@ writes.
 
 Engines: DDP, FSDP2 ``fully_shard`` (uneven and empty shards), FSDP1 ``use_orig_params=True`` (empty
 shards, no grad on them), ZeroRedundancyOptimizer wrapped as the monitored class and with a monitored
-inner class, FSDP2 x tensor parallel on a (2, 2) mesh. Processes are forked (2, or 4 for the mesh),
-each test on its own free port, under a hard deadline: a hang kills the processes and fails.
+inner class, FSDP2 x tensor parallel on a (2, 2) mesh; Lightning Fabric's DDP strategy (the names).
+Processes are forked (2, or 4 for the mesh), each test on its own free port, under a hard deadline: a
+hang kills the processes and fails.
 """
 
 from __future__ import annotations
@@ -348,6 +349,78 @@ def test_ddp_and_fsdp1_give_the_plain_model_s_names(tmp_path):
     results = launch(_wrapped_names, 2, tmp_path)
     assert results[0] == results[1]
     assert {case: sorted(names) for case, names in results[0].items() if names != plain} == {}
+
+
+FABRIC_WAYS = ("Monitored before setup", "attach(setup's optimizer, model=)", "Monitored(module.named_parameters())")
+"""How a Fabric user monitors: ``Monitored(AdamW)(net.named_parameters())`` given to ``setup``;
+``attach`` on the optimizer ``setup`` returns, the Fabric module as ``model=``; ``setup_module``
+first, then ``Monitored(AdamW)(module.named_parameters())`` given to ``setup_optimizers``."""
+
+
+def _fabric(rank, world, outdir):
+    """Each way of :data:`FABRIC_WAYS` under Fabric's DDP strategy on the group ``launch`` made (Fabric
+    takes ``LOCAL_RANK`` for processes launched outside it and keeps a group already initialised):
+    two steps through ``fabric.backward``; the names, the figures of the second and the true update
+    norms (a clone before, the parameters after)."""
+    from lightning.fabric import Fabric
+
+    from monitored_optim import attach, monitor_of
+
+    out = {}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for way in FABRIC_WAYS:
+            fabric = Fabric(accelerator="cpu", devices=world, strategy="ddp")
+            fabric.launch()
+            net = model()
+            config = MonitorConfig(backend="none", every=1)
+            if way == FABRIC_WAYS[0]:
+                module, opt = fabric.setup(net, Monitored(torch.optim.AdamW)(net.named_parameters(), **OPT,
+                                                                             monitor=config))
+            elif way == FABRIC_WAYS[1]:
+                module, opt = fabric.setup(net, torch.optim.AdamW(net.parameters(), **OPT))
+                attach(opt, MonitorConfig(backend="none", every=1, model=module))
+            else:
+                module = fabric.setup_module(net)
+                opt = fabric.setup_optimizers(Monitored(torch.optim.AdamW)(module.named_parameters(), **OPT,
+                                                                           monitor=config))
+            for step in (1, 2):
+                opt.zero_grad()
+                fabric.backward(loss_of(module, step, rank, world))
+                before = {n: p.detach().clone() for n, p in net.named_parameters()}
+                opt.step()
+            out[way] = {"world": (fabric.global_rank, fabric.world_size),
+                        "plain": [n for n, _ in net.named_parameters()],
+                        "wrapped": [n for n, _ in module.named_parameters()],
+                        "latest": dict(opt.monitor.latest), "same monitor": opt.monitor is monitor_of(opt),
+                        "truth": {n: (p.detach() - before[n]).norm().item() for n, p in net.named_parameters()},
+                        "params": {n: p.detach().clone() for n, p in net.named_parameters()}}
+    return {"ways": out, "warnings": [f"{w.category.__name__}: {w.message}" for w in seen]}
+
+
+def test_fabric_ddp_gives_the_plain_model_s_names(tmp_path):
+    """Lightning Fabric's DDP strategy on 2 processes holds the model as ``_forward_module.module.``:
+    whichever way the optimizer is monitored, the tags carry the plain model's names (a layer's tag
+    on 2 processes is its tag on one), the figures agree across ranks, and ``update_norm/<name>`` is
+    the named parameter's true update."""
+    pytest.importorskip("lightning.fabric")  # imported here, before the forks
+    plain = [n for n, _ in model().named_parameters()]
+    results = launch(_fabric, 2, tmp_path)
+    for rank, res in enumerate(results):
+        assert res["warnings"] == [], (rank, res["warnings"])
+        assert list(res["ways"]) == list(FABRIC_WAYS)
+        for way, got in res["ways"].items():
+            assert got["world"] == (rank, 2) and got["plain"] == plain
+            assert got["wrapped"] == [f"_forward_module.module.{n}" for n in plain]  # the prefix is there to strip
+            assert got["same monitor"], way
+            tags = {t.split("/", 1)[1] for t in got["latest"] if t.startswith("param_norm/")}
+            assert tags == set(plain), (rank, way, sorted(tags))
+            for name in ("fc1.weight", "norm.weight", "head.bias"):
+                assert got["latest"][f"update_norm/{name}"] == pytest.approx(got["truth"][name], rel=NORM_RTOL), \
+                    (rank, way, name)
+            other = results[1 - rank]["ways"][way]
+            assert all(torch.equal(p, other["params"][n]) for n, p in got["params"].items()), (rank, way)  # DDP
+            assert got["latest"] == other["latest"], (rank, way)
 
 
 def _zero(rank, world, outdir, inner: bool):
