@@ -10,6 +10,7 @@ with what only it knows (the snapshot rule's rounding risk, a dense grad).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -137,7 +138,7 @@ def names(optimizer: Stepped, known: dict[int, str] | None = None) -> list[list[
     return names
 
 
-def born(optimizer: torch.optim.Optimizer, known: dict[int, str], select: Any,
+def born(optimizer: torch.optim.Optimizer, known: dict[int, str], select: Callable[[str, Tensor], bool],
          told: Once | None) -> tuple[list[tuple[str, Tensor]], list[tuple[str, Tensor]]]:
     """The optimizer's ``(name, parameter)`` pairs as it was built, and those ``select`` chooses
     (``known``: id -> name from watched models, :func:`names`).
@@ -158,7 +159,7 @@ def born(optimizer: torch.optim.Optimizer, known: dict[int, str], select: Any,
     return every, chosen
 
 
-def selected(optimizer: torch.optim.Optimizer, known: dict[int, str], select: Any
+def selected(optimizer: torch.optim.Optimizer, known: dict[int, str], select: Callable[[str, Tensor], bool]
              ) -> tuple[list[tuple[str, Tensor]], list[tuple[str, Tensor]]]:
     """The optimizer's ``(name, parameter)`` pairs, and those ``select`` chooses (``known``: id -> name
     from watched models, :func:`names`)."""
