@@ -49,7 +49,7 @@ def build(mode: str, device: torch.device):
         return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
     opt = Monitored(torch.optim.AdamW)(model.named_parameters(), lr=1e-3, monitor=MonitorConfig(
         backend="none", every=10, **MODES[mode]))
-    if opt.monitor.guard is not None:
+    if opt.monitor._guard is not None:
         GUARDED.append(opt)
     return model, opt
 
@@ -60,7 +60,7 @@ def main() -> None:
         ratio = it[mode] / it["monitored"]
         verdict = "" if target is None else f" (target <= {target}: {'met' if ratio <= target else 'NOT met'})"
         print(f"{what}: {ratio:.3f}{verdict}")
-    skipped = [opt.monitor.guard.skipped for opt in GUARDED]
+    skipped = [opt.monitor._guard.skipped for opt in GUARDED]
     print(f"steps the guard skipped in these healthy runs: {skipped}")
 
 

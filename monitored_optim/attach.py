@@ -17,7 +17,7 @@ import torch
 
 from ._warnings import warn
 from .config import MonitorConfig
-from .distributed.deepspeed import WRAPPERS
+from .distributed.deepspeed import is_wrapper
 from .monitor import Monitor
 from .monitored import Monitored, bind, bound, steps_kept
 
@@ -118,7 +118,7 @@ def _inside(obj: Any) -> tuple[torch.optim.Optimizer, Any, torch.nn.Module | Non
         if id(inner) in seen:
             break
         seen.append(id(inner))
-        if type(inner).__name__ in WRAPPERS:
+        if is_wrapper(inner):
             wrapper = inner
         if model is None and isinstance(inner, torch.nn.Module) and isinstance(module := getattr(inner, "module", None),
                                                                                torch.nn.Module):

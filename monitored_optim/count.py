@@ -10,12 +10,17 @@ from ._warnings import Once, warn
 class StepCount:
     """Optimizer steps completed and the last one logged.
 
+    Args:
+        calls: every call of ``step()`` counts, a skipped one too (``MonitorConfig(count="calls")``).
+        every: the logging cadence (``MonitorConfig.every``).
+
     Attributes:
         step: steps completed (int >= 0; the first ``step()`` makes it 1).
         logged: the last step logged (0 before the first).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, calls: bool = False, every: int = 1) -> None:
+        self.calls, self.every = calls, every
         self.step = 0
         self.logged = 0
         self._told = Once()
@@ -46,15 +51,19 @@ class StepCount:
         self.step += 1
         return self.step
 
-    def skipped(self, count: str) -> None:
-        """Count a step skipped (by an AMP GradScaler, DeepSpeed or the guard) where ``count``
-        (``MonitorConfig.count``) is ``"calls"``: every call of ``step()`` counts."""
-        if count == "calls":
+    def logged_now(self) -> None:
+        """Mark the step just counted as logged."""
+        self.logged = self.step
+
+    def skipped(self) -> None:
+        """Count a step skipped (by an AMP GradScaler, DeepSpeed or the guard) where every call of
+        ``step()`` counts."""
+        if self.calls:
             self.step += 1
 
-    def logs_next(self, every: int) -> bool:
+    def logs_next(self) -> bool:
         """Whether the next step is a logging step (``step % every == 0`` after it)."""
-        return not (self.step + 1) % every
+        return not (self.step + 1) % self.every
 
 
 def _valid(value: Any) -> int:

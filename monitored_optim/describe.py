@@ -14,13 +14,10 @@ from .capture.route import FLAT, Route
 from .config import Settings
 from .distributed.deepspeed import Layout
 from .distributed.held import whole_shape
-from .updates import View
 
 
 class Described(Protocol):
     """What :func:`describe` reads of a monitor's :class:`~monitored_optim.engine.Engine`."""
-
-    view: View
 
     @property
     def settings(self) -> Settings: ...
@@ -33,7 +30,7 @@ class Described(Protocol):
         """DeepSpeed's layout, where its wrapper steps the optimizer (None: the optimizer steps itself)."""
 
 
-def describe(monitor: Described, optimizer: torch.optim.Optimizer, known: dict[int, str]) -> str:
+def describe(engine: Described, optimizer: torch.optim.Optimizer, known: dict[int, str]) -> str:
     """The param groups with their hyperparameters, then one row per parameter: name, shape,
     dtype, kind (matrix: ndim >= 2; vector), and how its update is captured and why.
 
@@ -56,7 +53,7 @@ def describe(monitor: Described, optimizer: torch.optim.Optimizer, known: dict[i
     no copy), with ``(k of N parts)`` where only some parts did.
 
     Args:
-        monitor: the monitor's :class:`~monitored_optim.engine.Engine`.
+        engine: the monitor's :class:`~monitored_optim.engine.Engine`.
         optimizer: its optimizer.
         known: id -> name of the parameters of watched models.
 
@@ -64,21 +61,21 @@ def describe(monitor: Described, optimizer: torch.optim.Optimizer, known: dict[i
         The text, lines of at most about 100 columns.
     """
     lines = [f"{type(optimizer).__name__}: {len(optimizer.param_groups)} param group(s), "
-             f"logging every {monitor.settings.every} step(s) to "
-             f"{', '.join(monitor.settings.backends) or 'no backend'}"
-             + (f" and {len(monitor.settings.sinks)} sink(s) of yours" if monitor.settings.sinks else "")]
+             f"logging every {engine.settings.every} step(s) to "
+             f"{', '.join(engine.settings.backends) or 'no backend'}"
+             + (f" and {len(engine.settings.sinks)} sink(s) of yours" if engine.settings.sinks else "")]
     for i, group in enumerate(optimizer.param_groups):
         hyper = ", ".join(f"{k}={_short(v)}" for k, v in group.items() if k not in ("params", "param_names"))
         lines.append(f"  group {i} ({len(group['params'])} parameters): {hyper}")
-    last = monitor.capture.spent.last
+    last = engine.capture.spent.last
     taken = {} if last is None else last.routes
-    layout = monitor.layout
+    layout = engine.layout
     if layout is not None:
         rows = _engine_rows(layout, taken)
         lines.append(f"stepped by DeepSpeed's {type(layout.wrapper()).__name__}: the model's parameters in "
                      "its flat buffers")
     else:
-        rows = _rows(monitor, optimizer, known, taken)
+        rows = _rows(engine, optimizer, known, taken)
     widths = [max(len(row[c]) for row in rows) for c in range(4)]
     lines.append("capture: the plan, before any logging step (each logging step decides the route it takes)"
                  if last is None else f"capture: the route each parameter took at step {last.step}, the last "
@@ -88,11 +85,11 @@ def describe(monitor: Described, optimizer: torch.optim.Optimizer, known: dict[i
     return "\n".join(lines)
 
 
-def _rows(monitor: Described, optimizer: torch.optim.Optimizer, known: dict[int, str],
+def _rows(engine: Described, optimizer: torch.optim.Optimizer, known: dict[int, str],
           taken: dict[str, str]) -> list[tuple[str, ...]]:
     """The table of :func:`describe`, its heading first: one row per parameter of ``optimizer``, its
     capture the route ``taken`` at the last logging step, or the plan's."""
-    capture = monitor.capture
+    capture = engine.capture
     plan, view = capture.preview(optimizer, known), type(capture.view).__name__
     shown: dict[int, str] = {}  # id of a parameter -> how it is captured
     for _group, items in plan.groups:

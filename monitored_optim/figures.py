@@ -20,6 +20,7 @@ from .hosted import Hosted, MomentTable
 from ._warnings import Once, warn
 from .capture.plan import Roster, Stepped
 from .config import Settings
+from .families.base import Family
 from .health import Checks, Health
 from .tags import DEFAULT_FAMILIES, family
 
@@ -39,7 +40,7 @@ class Figures:
             (:meth:`~monitored_optim.updates.View.silent`); default: never.
     """
 
-    def __init__(self, settings: Settings, chosen: list[Any], health: Health,
+    def __init__(self, settings: Settings, chosen: list[Family], health: Health,
                  silent: Callable[[dict[str, Any]], bool] = lambda group: False) -> None:
         self.settings, self.families, self.health, self.silent = settings, chosen, health, silent
         self._verify_told = Once()

@@ -82,7 +82,7 @@ class Flow:
         """Count a step that an AMP GradScaler or DeepSpeed skipped (the guard's are counted by
         :meth:`guard_skips`)."""
         self.health.skipped_steps += 1
-        self._count.skipped(self.settings.count)
+        self._count.skipped()
 
     @torch.compiler.disable
     def guard_skips(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -98,13 +98,13 @@ class Flow:
         skips, args, kwargs, loss = self.guard.ahead(self._guarded[1], args, kwargs, closure,
                                                      getattr(optimizer, "grad_scale", None), self._count.step + 1)
         if skips:
-            self._count.skipped(self.settings.count)
+            self._count.skipped()
         return skips, args, kwargs, loss
 
     def begin(self, optimizer: torch.optim.Optimizer, layout: Layout | None = None) -> Pending | None:
         """Begin a step: on a logging step, its sharding (``layout``: DeepSpeed's, which lists what this
         rank holds itself) and its batch of sums; None on another step."""
-        return self._open(optimizer, layout) if self._count.logs_next(self.settings.every) else None
+        return self._open(optimizer, layout) if self._count.logs_next() else None
 
     @torch.compiler.disable
     def _open(self, optimizer: torch.optim.Optimizer, layout: Layout | None) -> Pending:
@@ -187,7 +187,7 @@ class Flow:
         figures.update(self.spent.figures(self.settings.figures, reduced.cost))
         if self.guard is not None:
             figures["guard/skipped"] = float(self.guard.skipped)
-        self._count.logged = step
+        self._count.logged_now()
         self._delivery.send(step, figures, everyone, histograms.of(everyone.names, hosted.pieces))
 
 

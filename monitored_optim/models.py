@@ -88,6 +88,16 @@ class Models:
         return [model for model in (ref() for ref in self._watched) if model is not None]
 
 
+def unnamed(k: int) -> str:
+    """The name of the ``k``-th parameter of an optimizer that has no name for it: ``param{k}``."""
+    return f"param{k}"
+
+
+def is_unnamed(name: str) -> bool:
+    """Whether ``name`` is one :func:`unnamed` gives (or the bare ``param``)."""
+    return name == "param" or name.startswith("param") and name[5:].isdigit()
+
+
 def holds(module: torch.nn.Module) -> bool:
     """Whether ``module`` is a wrapper of :data:`HOLDERS`, which holds the model as ``module``."""
     return any((cls.__module__.partition(".")[0], cls.__name__) in HOLDERS for cls in type(module).__mro__)

@@ -54,21 +54,22 @@ class Monitor(ReadBack):
         self.config = config
         self.settings: Settings = resolve(config)
         backends.check_installed(self.settings.backends)
-        self._count = StepCount()
+        self._count = StepCount(self.settings.count == "calls", self.settings.every)
         chosen = families.build(self.settings.figures)
         keys = pieces.keys(chosen)  # every piece key and its reduction: the sharded table's rows
         view = view_for(optimizer_cls)
         capture = Capture(view, self.settings, chosen, keys.heads)
         self._delivery = Delivery(self.settings)
-        self.voice = Voice(self._delivery.writes, self.settings.alerts, self.settings.stop_on, self._delivery.alert)
-        families.speak(chosen, self.voice)  # warnings and events where the figures are written
-        self.health = Health(self.voice)
-        self.guard = Guard(self.settings.guard, self.settings.skip_budget, self.voice) if self.settings.guard else None
+        self._voice = Voice(self._delivery.writes, self.settings.alerts, self.settings.stop_on, self._delivery.alert)
+        families.speak(chosen, self._voice)  # warnings and events where the figures are written
+        self.health = Health(self._voice)
+        self._guard = Guard(self.settings.guard, self.settings.skip_budget, self._voice) \
+            if self.settings.guard else None
         figures = Figures(self.settings, chosen, self.health, capture.silent)  # no cycle through self
         self._optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None
         self._usage = usage.Usage(optimizer_cls.__name__)
         self._models = Models()  # the names of parameters after the models, and the models watched
-        flow = Flow(self.settings, capture, figures, keys, self._count, self._delivery, self.health, self.guard,
+        flow = Flow(self.settings, capture, figures, keys, self._count, self._delivery, self.health, self._guard,
                     self._models, closure_is_first(optimizer_cls), closure_runs_ahead(optimizer_cls))
         self._engine = Engine(flow, view, self._usage)  # what each step() runs through
         weakref.finalize(self, self._delivery.close)  # a monitor collected unclosed closes its files
@@ -94,28 +95,28 @@ class Monitor(ReadBack):
     @property
     def step_was_skipped(self) -> bool:
         """Whether the guard (``MonitorConfig.guard``) skipped the last ``step()`` (False without it)."""
-        return self.guard is not None and self.guard.last_skipped
+        return self._guard is not None and self._guard.last_skipped
 
     @property
     def should_stop(self) -> bool:
         """Whether an event asked to stop (``MonitorConfig.stop_on``, or the guard past its
         ``skip_budget``): True on every rank from the same step on."""
-        return self.voice.should_stop
+        return self._voice.should_stop
 
     def acting_state(self) -> dict[str, Any]:
         """What the guard and the alerts keep across steps (the guard's counts and spike history, the
         alerts' clocks), for a checkpoint; empty with both off."""
-        state: dict[str, Any] = {"guard": self.guard.state_dict()} if self.guard is not None else {}
+        state: dict[str, Any] = {"guard": self._guard.state_dict()} if self._guard is not None else {}
         if self.settings.alerts:
-            state["alerts"] = self.voice.state_dict()
+            state["alerts"] = self._voice.state_dict()
         return state
 
     def load_acting_state(self, state: dict[str, Any]) -> None:
         """Continue from what :meth:`acting_state` gave (a part for what is off here is left aside)."""
-        if self.guard is not None and isinstance(state.get("guard"), dict):
-            self.guard.load_state_dict(state["guard"])
+        if self._guard is not None and isinstance(state.get("guard"), dict):
+            self._guard.load_state_dict(state["guard"])
         if isinstance(state.get("alerts"), dict):
-            self.voice.load_state_dict(state["alerts"])
+            self._voice.load_state_dict(state["alerts"])
 
     def _bind(self, optimizer: torch.optim.Optimizer, saved: list[list[str | None]] | None = None,
               model: torch.nn.Module | None = None, wrapper: Any = None) -> None:

@@ -28,6 +28,11 @@ from .workspace import PART_ELEMENTS, Workspace
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 """fp16 and bf16: reduced in float32 here; the capture's low-precision kind (:mod:`~monitored_optim.capture.rules`)."""
 
+MISS = 5e-5
+"""The share of an update's norm that a rebuilt or inverted update may miss and still be taken: half
+the 1e-4 tolerance on norms (:data:`~monitored_optim.capture.rules.ALIGNED_ABOVE`, the schedule-free views'
+rebuild)."""
+
 
 def moments(x: Tensor, scratch: bool = False) -> Tensor:
     """The ``(mean, m2)`` of ``x`` as a float64 tensor of shape ``(2,)`` on ``x``'s device.

@@ -277,7 +277,7 @@ def test_hf_trainer_stops_on_every_rank_at_the_guards_stall_with_finite_weights(
         warnings.simplefilter("ignore")  # the Trainer's own notices (tokenizer-free model, cpu)
         trainer.train()
     assert trainer.state.global_step == 4
-    assert monitor.monitor.should_stop and monitor.monitor.guard.skipped == 2 and monitor.monitor.step == 2
+    assert monitor.monitor.should_stop and monitor.monitor._guard.skipped == 2 and monitor.monitor.step == 2
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     assert monitor.monitor._delivery.backends._open is None  # closed at the end of training
 
@@ -304,6 +304,6 @@ def test_lightning_trainer_stops_at_the_step_an_event_asks_to(tmp_path):
         warnings.simplefilter("ignore")  # Lightning's notices (few workers, cpu)
         trainer.fit(module, regression(100))
     (monitor,) = callback.monitors
-    assert monitor.should_stop and monitor.guard.skipped == 3 and monitor.step == 2
+    assert monitor.should_stop and monitor._guard.skipped == 3 and monitor.step == 2
     assert trainer.global_step == 5  # Lightning counts the calls
     assert all(torch.isfinite(p).all() for p in module.parameters())

@@ -226,7 +226,7 @@ def test_a_restored_monitor_keeps_its_guards_history():
         new.step()
         assert new.monitor.step_was_skipped == (restored_kind != "fresh"), restored_kind
         if restored_kind != "fresh":
-            assert new.monitor.guard.skipped == 1
+            assert new.monitor._guard.skipped == 1
             assert new.monitor.step == 10
 
 
@@ -256,7 +256,7 @@ def _nan_run(steps: int, nan_from: int, clock=None, **config):
     opt = Monitored(torch.optim.SGD)(model.named_parameters(), lr=1e-2,
                                      monitor=MonitorConfig(**{"backend": "none", "every": 1, **config}))
     if clock is not None:
-        opt.monitor.voice.clock = clock
+        opt.monitor._voice.clock = clock
     stops = []
     for step in range(1, steps + 1):
         opt.zero_grad()
@@ -307,7 +307,7 @@ def test_should_stop_without_the_guard_on_a_nonfinite_figure():
     with pytest.warns(RuntimeWarning, match="NaN or Inf"):
         opt, stops = _nan_run(8, 5, stop_on="nonfinite")
     assert stops == [False] * 4 + [True] * 4
-    assert opt.monitor.voice.stop_reason == "nonfinite at step 5"
+    assert opt.monitor._voice.stop_reason == "nonfinite at step 5"
 
 
 def test_the_guard_past_its_budget_stops_with_finite_weights(caplog):
@@ -410,7 +410,7 @@ def test_the_environment_sets_them(monkeypatch):
 
 def test_off_by_default_the_state_dict_is_as_before():
     opt = Monitored(torch.optim.SGD)(net().named_parameters(), lr=0.1, monitor=MonitorConfig(backend="none"))
-    assert opt.monitor.guard is None and not opt.monitor.should_stop and not opt.monitor.step_was_skipped
+    assert opt.monitor._guard is None and not opt.monitor.should_stop and not opt.monitor.step_was_skipped
     assert opt.state_dict()["monitor"] == {"step": 0}
 
 

@@ -10,6 +10,7 @@ from typing import BinaryIO
 
 from ..histograms import EDGES, Histogram
 from .bins import check, trimmed
+from .rundir import METRICS
 
 
 class Lines:
@@ -59,7 +60,7 @@ class JsonlBackend:
 
     def __init__(self, logdir: Path) -> None:
         logdir.mkdir(parents=True, exist_ok=True)
-        self.path = logdir / "metrics.jsonl"
+        self.path = logdir / METRICS
         self._lines = Lines(self.path)
         self._histograms: Lines | None = None
 

@@ -35,7 +35,9 @@ from . import lock
 RUN = re.compile(r"run([1-9][0-9]*)")
 """The name of a later run's directory in its logdir: ``run2``, ``run3``, ..."""
 METRICS = "metrics.jsonl"
+"""The jsonl backend's file in a run directory."""
 EVENTS = "events.out.tfevents.*"
+"""The TensorBoard event files of a run directory, as a glob."""
 BLOCK = 1 << 16
 """Bytes of ``metrics.jsonl`` read from its end at first when looking for its last row (doubled until one
 whole row is in them)."""

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from .. import stats
 from ..config import Settings, every_parameter
+from ..families.base import Family
 from ..hosted import Hosted
 from ..updates import View, elementwise, raw_step
 from .eager import Eager, chunks, record_grads
@@ -56,7 +57,7 @@ class Capture:
         reductions: key head -> reduction of every device piece.
     """
 
-    def __init__(self, view: View, settings: Settings, families: list[Any], reductions: dict[str, str]) -> None:
+    def __init__(self, view: View, settings: Settings, families: list[Family], reductions: dict[str, str]) -> None:
         self.view, self.settings = view, settings
         self.risk = RiskMemory()
         self.centring = CentringMemory()
@@ -216,7 +217,7 @@ class Capture:
         measures its stored change itself, :attr:`~monitored_optim.updates.View.checks_store`)."""
         return name in self.risk and not self.view.checks_store
 
-    def roster(self, entries: Entries, shape: Any = None) -> Roster:
+    def roster(self, entries: Entries, shape: Callable[[Tensor], torch.Size] | None = None) -> Roster:
         """This logging step's :class:`~monitored_optim.capture.plan.Roster`: the last one where its plan
         and the composition of its entries not captured flat are the same (with the parameters frozen
         now), else a new one (``shape``: see :meth:`~monitored_optim.capture.plan.Roster.of`)."""

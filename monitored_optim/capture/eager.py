@@ -36,7 +36,7 @@ class Eager:
         centring: the centring rule's memory.
     """
 
-    def __init__(self, view: View, verify: bool, families: list[Any], reductions: dict[str, str],
+    def __init__(self, view: View, verify: bool, families: list[Family], reductions: dict[str, str],
                  centring: CentringMemory) -> None:
         self.view, self.verify, self.families = view, verify, families
         self.reductions, self.centring = reductions, centring

@@ -12,18 +12,21 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
 
 from .. import stats
 from .._warnings import Once, warn
-from ..models import own_names
+from ..models import own_names, unnamed
 from ..updates import CLONE, Cloned, View, elementwise
 from .rules import LOW_PRECISION, eps as machine_eps, shared
 from .change import Part, budget as chunk_budget, slices
 from .route import CLONED, INTEGER, SKIPPED, Planned, Route
+
+if TYPE_CHECKING:
+    from ..distributed.pipeline import Remote
 
 
 @dataclass(slots=True)
@@ -129,7 +132,7 @@ def names(optimizer: Stepped, known: dict[int, str] | None = None) -> list[list[
                            for n, p in zip(named, group["params"])))  # one call: at most one scan
     for i, (group, named) in enumerate(zip(optimizer.param_groups, given)):
         own = [next(plain) for _ in named] if named else [
-            known[id(p)] if id(p) in known else f"param{k + j}" for j, p in enumerate(group["params"])]
+            known[id(p)] if id(p) in known else unnamed(k + j) for j, p in enumerate(group["params"])]
         if not seen.isdisjoint(own) or len(set(own)) < len(own):
             own = _unique(own, seen, i)
         seen.update(own)
@@ -316,7 +319,7 @@ class Forms(Protocol):
         """The entries captured flat, laid into chunks (each entry's ``flat`` set)."""
 
 
-def assign_slots(blocks: list[Any], first: int) -> None:
+def assign_slots(blocks: list[list[Entry] | Entry], first: int) -> None:
     """Give each parameter of a logging step its consecutive slots of :data:`~monitored_optim.stats.KINDS`
     from ``first`` on, in the order of ``blocks``: runs of flat entries (lists) and the lead entry of
     each other parameter. A run that starts at the slot it had on the last logging step keeps its
@@ -373,7 +376,7 @@ class Roster:
 
     @classmethod
     def of(cls, plan: Plan, composition: list[tuple[str, bool, bool, tuple[int, ...]]], leads: list[Entry],
-           shape: Any = None) -> Roster:
+           shape: Callable[[Tensor], torch.Size] | None = None) -> Roster:
         """The roster of a logging step's ``leads`` (the entries that hold slots), from ``plan``
         (``shape``: the whole parameter's shape of an entry's tensor, where it is a piece)."""
         eps_of = {dtype: machine_eps(dtype) for dtype in {e.p.dtype for e in leads}}
@@ -386,7 +389,7 @@ class Roster:
                    [i for i, e in enumerate(leads) if e.flat is None], frozen(leads))
 
 
-    def joined(self, remote: list[Any], names: list[str] | None = None) -> Roster:
+    def joined(self, remote: list[Remote], names: list[str] | None = None) -> Roster:
         """This roster with the parameters that other ranks monitor after its own (a pipeline's other
         stages: their figures, not their capture), each with a ``name``, ``shape`` and ``dtype`` (its
         name in ``torch``, as ``"torch.bfloat16"``); no param group of this rank's is theirs.

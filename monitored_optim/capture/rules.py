@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from ..histograms import BITS
-from ..stats import KINDS, LOW_PRECISION
+from ..stats import KINDS, LOW_PRECISION, MISS
 
 if TYPE_CHECKING:
     from ..hosted import MomentTable
@@ -110,9 +110,9 @@ def rounding_risk(eps: Tensor, mean_sq_p: Tensor, std_p: Tensor, std_u: Tensor, 
     return risky
 
 
-ALIGNED_ABOVE = 5e-5
+ALIGNED_ABOVE = MISS
 """:func:`rounding_risk`'s first-order bound (elements exactly at a power of two) above which a matrix
-is snapshotted: half the 1e-4 tolerance on norms."""
+is snapshotted (:data:`~monitored_optim.stats.MISS`)."""
 
 
 HALF_ULP = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from ..stats import Batch
 from .route import FUSED_REBUILD, VIEW, Route
 
 COPIED_BYTES, HOST_SECONDS = "monitor/copied_bytes", "monitor/host_seconds"
@@ -66,7 +67,7 @@ class Spent:
         self.last: Record | None = None
         self._since: float | None = None  # perf_counter at the start of the stage in progress
 
-    def record(self, key: Any) -> Record:
+    def record(self, key: Batch) -> Record:
         """The record of the logging step whose batch is ``key``: the one in progress, else a new one."""
         if self.now is None or self.now.key() is not key:
             self.now = Record(weakref.ref(key))

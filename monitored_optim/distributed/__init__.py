@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -55,7 +55,7 @@ from ..updates import View, elementwise
 from . import dtensor, fsdp1, replicated, zero
 from .held import Held, is_dtensor, narrow, set_local_grad, whole_shape
 from .pipeline import Ranks, Remote
-from .table import collective_device
+from .table import Captured, collective_device
 
 if TYPE_CHECKING:
     from ..pieces import Keys
@@ -98,19 +98,6 @@ def _held(p: Tensor, parent: Any) -> Held:
     if is_dtensor(p):
         return dtensor.held(p)
     return fsdp1.held(p) or replicated.held(p)
-
-
-class Captured(Protocol):
-    """A captured parameter's record, as a layout reduces it (:class:`~monitored_optim.capture.plan.Entry`):
-    its name, the local tensor read, its batch slots per kind and its device pieces."""
-
-    name: str
-    p: Tensor
-    slots: dict[str, int]
-    pieces: dict[str, Any]
-
-    @property
-    def whole(self) -> Tensor: ...
 
 
 @dataclass
@@ -177,13 +164,13 @@ class Unsharded:
         slots ``index`` names, each entry's pieces and the Tensor learning rates ``lrs`` (``keys``,
         ``ranks``, ``cost``: unused, as nothing is summed over ranks)."""
         holding = [i for i, e in enumerate(entries) if e.pieces]  # a flat entry's: its histograms, if any
-        held = [piece for i in holding for piece in entries[i].pieces.values()]
-        pairs, present, extra = rows.host(index, held + lrs)
-        it = iter(extra[:len(held)])  # per entry, its pieces' host values in the order of its pieces
+        pieces = [piece for i in holding for piece in entries[i].pieces.values()]
+        pairs, present, extra = rows.host(index, pieces + lrs)
+        it = iter(extra[:len(pieces)])  # per entry, its pieces' host values in the order of its pieces
         own: list[dict[str, list[float]]] = [{} for _ in range(len(entries))]
         for i in holding:
             own[i] = {key: next(it) for key in entries[i].pieces}
-        return Gathered(rows.sizes[index[:, 0]], pairs, present, own, extra[len(held):])  # p_before: once each
+        return Gathered(rows.sizes[index[:, 0]], pairs, present, own, extra[len(pieces):])  # p_before: once each
 
 
 class Sharding:
@@ -243,7 +230,7 @@ class Sharding:
 
     def groups_of(self, params: set[int]) -> set[int]:
         """The indices of the groups of ``local`` that hold a piece of a parameter whose id is in ``params``."""
-        return {i for i, held in enumerate(self._groups) if not held.isdisjoint(params)}
+        return {i for i, ids in enumerate(self._groups) if not ids.isdisjoint(params)}
 
     def release(self, entries: Sequence[Captured]) -> None:
         """Let go of the grads of these entries' local tensors (an engine frees its grads after each

@@ -41,12 +41,17 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..models import own_names
+from ..models import is_unnamed, own_names
 from .held import Held, whole_shape
 
 WRAPPERS = ("FP16_UnfusedOptimizer", "FP16_Optimizer", "BF16_Optimizer", "DeepSpeedZeroOptimizer",
             "DeepSpeedZeroOptimizer_Stage3")
 """The DeepSpeed classes whose ``optimizer`` attribute is the optimizer they step."""
+
+
+def is_wrapper(obj: object) -> bool:
+    """Whether ``obj`` is one of DeepSpeed's :data:`WRAPPERS`."""
+    return type(obj).__name__ in WRAPPERS and type(obj).__module__.startswith("deepspeed.")
 
 
 def find(optimizer: torch.optim.Optimizer) -> tuple[Any, bool] | None:
@@ -62,8 +67,7 @@ def find(optimizer: torch.optim.Optimizer) -> tuple[Any, bool] | None:
     wrapper = None
     while frame is not None:
         owner = frame.f_locals.get("self")
-        if wrapper is None and type(owner).__name__ in WRAPPERS and type(owner).__module__.startswith("deepspeed.") \
-                and getattr(owner, "optimizer", None) is optimizer:
+        if wrapper is None and is_wrapper(owner) and getattr(owner, "optimizer", None) is optimizer:
             wrapper = owner
         if wrapper is not None and owner is wrapper and frame.f_code.co_name == "step":  # under any decorator
             return wrapper, True
@@ -130,7 +134,7 @@ class Layout:
     def name(self, p: Tensor | None) -> str:
         """The name of the model's parameter ``p`` (see the class docstring)."""
         born = self._born.get(id(p), "param")
-        if born.startswith("param") and born[5:].isdigit() or born == "param":
+        if is_unnamed(born):
             return self._known.get(id(p)) or self._engine.get(id(p)) or born
         return born
 

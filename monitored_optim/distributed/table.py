@@ -30,7 +30,8 @@ since the last exchange (then every rank exchanges again and reduces once more, 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -84,7 +85,20 @@ class Reduced:
         self.cost = (0.0, 0.0)
 
 
-def reduce(entries: list[Any], local: list[Remote], held: list[Held], keys: Keys, ranks: Ranks,
+class Captured(Protocol):
+    """A captured parameter's record, as a layout reduces it (:class:`~monitored_optim.capture.plan.Entry`):
+    its name, the local tensor read, its batch slots per kind and its device pieces."""
+
+    name: str
+    p: Tensor
+    slots: dict[str, int]
+    pieces: dict[str, Any]
+
+    @property
+    def whole(self) -> Tensor: ...
+
+
+def reduce(entries: Sequence[Captured], local: list[Remote], held: list[Held], keys: Keys, ranks: Ranks,
            left_out: set[str], cost: tuple[float, float] = (0.0, 0.0)) -> Reduced:
     """Every entry's pieces summed over the ranks: ONE ``all_reduce`` (SUM) of one float64 table,
     then one device-to-host copy (two of each on a step where a rank's names changed).
@@ -141,7 +155,7 @@ def reduce(entries: list[Any], local: list[Remote], held: list[Held], keys: Keys
     raise AssertionError("unreachable")
 
 
-def build(entries: list[Any], held: list[Held], keys: Keys, ranks: Ranks, changed: bool, left_out: set[str],
+def build(entries: Sequence[Captured], held: list[Held], keys: Keys, ranks: Ranks, changed: bool, left_out: set[str],
           cost: tuple[float, float], world: int, rank: int, device: torch.device) -> Tensor:
     """Rank ``rank``'s table in a world of ``world`` (no collective: the world's tables sum to the reduction).
 
@@ -253,20 +267,20 @@ def _hosted(host: list[list[float]], block: int, keys: Keys, world: int) -> tupl
     value of every piece that some rank had (a NORM piece: its two norms; a wide SUM piece: its
     ``width`` values; a MIN or MAX piece: the least or greatest of the ranks' slots)."""
     at, per = rows(keys, world)
-    held = host[HEADER + per * block: HEADER + per * (block + 1)]
-    n = float(round(held[0][0]))  # the first key is "p", whose w·n sum over ranks is N
+    own = host[HEADER + per * block: HEADER + per * (block + 1)]
+    n = float(round(own[0][0]))  # the first key is "p", whose w·n sum over ranks is N
     got: dict[str, list[float]] = {}
     for key, how in keys.items():
         if how in SLOTTED:
-            best = max([x for row in held[at[key]:at[key] - (-world // 3)] for x in row[:3]][:world])
+            best = max([x for row in own[at[key]:at[key] - (-world // 3)] for x in row[:3]][:world])
             if best != -math.inf:
                 got[key] = [-best if how == MIN else best]
             continue
-        a, b, c, present = held[at[key]]
+        a, b, c, present = own[at[key]]
         if not present:
             continue
         if keys.width(key) > 1:
-            got[key] = [x for row in held[at[key]:at[key] - (-keys.width(key) // 3)] for x in row[:3]][:keys.width(key)]
+            got[key] = [x for row in own[at[key]:at[key] - (-keys.width(key) // 3)] for x in row[:3]][:keys.width(key)]
         elif how == MOMENTS:
             mean = b / n if n > 0 else 0.0
             got[key] = [mean, max(c - b * mean, 0.0)] if n > 0 else [0.0, 0.0]

@@ -32,13 +32,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..backends.rundir import later_runs
+from ..backends.rundir import EVENTS, METRICS, later_runs
 from ..grouping import STATS
 from ..tags import is_series, split as split_tag
 from .errors import ReportError, quote, reason, require
 
 EXPECTED = "a run directory with metrics.jsonl or TensorBoard event files (events.out.tfevents.*)"
-EVENT_GLOB = "events.out.tfevents.*"
 
 
 @dataclass
@@ -93,10 +92,10 @@ def load_run(run_dir: str | Path) -> Run:
         raise ReportError(f"{path}: no such directory; expected {EXPECTED}")
     if not path.is_dir():
         raise ReportError(f"{path}: not a directory; expected {EXPECTED}")
-    jsonl = path / "metrics.jsonl"
+    jsonl = path / METRICS
     if jsonl.exists():
         run, where = _read_jsonl(path, jsonl), jsonl
-    elif any(p.is_file() for p in path.glob(EVENT_GLOB)):
+    elif any(p.is_file() for p in path.glob(EVENTS)):
         run, where = _read_tensorboard(path), path
     else:
         raise ReportError(f"{path}: found no metrics.jsonl and no TensorBoard event files; "
@@ -124,7 +123,7 @@ def _hint_subdirectories(path: Path) -> str:
     up to three levels down (``lightning_logs/version_0`` inside a project directory)."""
     try:
         below = [d for pattern in ("*", "*/*", "*/*/*") for d in path.glob(pattern) if d.is_dir()]
-        runs = sorted(d for d in below if (d / "metrics.jsonl").exists() or any(d.glob(EVENT_GLOB)))
+        runs = sorted(d for d in below if (d / METRICS).exists() or any(d.glob(EVENTS)))
     except OSError:
         return ""
     if not runs:

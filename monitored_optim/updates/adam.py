@@ -34,6 +34,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
+from ..stats import LOW_PRECISION
 from ._shared import decay_solvable, to_scalar
 from .clone import Cloned, Scaled, Stores
 from .view import View
@@ -69,7 +70,7 @@ class AdamView(View):
         if torch.is_complex(p):  # torch steps complex tensors as pairs of reals
             m, v, p_a = torch.view_as_real(m), torch.view_as_real(v), torch.view_as_real(p_a)
         u = v.sqrt().div_(bc2_sqrt).add_(eps)  # the denominator, then u in the same buffer
-        if m.dtype in (torch.float16, torch.bfloat16):  # addcdiv_ divides in float32 (opmath)
+        if m.dtype in LOW_PRECISION:  # addcdiv_ divides in float32 (opmath)
             m, u = m.float(), u.float()
         u = torch.div(m, u, out=u).mul_(-step_size)
         u = torch.view_as_complex(u) if torch.is_complex(p) else u

@@ -113,5 +113,5 @@ def _overridden() -> bool:
     is imported wherever a bitsandbytes optimizer exists; it is not imported here)."""
     module = sys.modules.get("bitsandbytes.optim.optimizer")
     manager = getattr(module, "GlobalOptimManager", None)
-    held = getattr(manager, "_instance", None)
-    return held is not None and bool(held.pid2config or held.index2config or held.module_weight_config_triple)
+    found = getattr(manager, "_instance", None)
+    return found is not None and bool(found.pid2config or found.index2config or found.module_weight_config_triple)

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..stats import LOW_PRECISION
 from ..workspace import PART_ELEMENTS
 from .clone import Rows, Scaled, Stores
 from .view import View
@@ -43,7 +44,7 @@ class HfAdafactorView(View):
             return None
         lr = _lr(group, state)
         s = 1 - group["weight_decay"] * lr if group["weight_decay"] != 0 else 1.0
-        grad = p.grad.float() if p.grad.dtype in (torch.float16, torch.bfloat16) else p.grad
+        grad = p.grad.float() if p.grad.dtype in LOW_PRECISION else p.grad
         large = grad.dim() == 2 and grad.is_contiguous() and grad.numel() > PART_ELEMENTS
         if group["beta1"] is not None:
             m = state["exp_avg"]

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..stats import MISS
 from ._shared import blocks
 from .clone import Cloned, Summed
 from .view import View
@@ -44,9 +45,7 @@ from .view import View
 FRESH = "z_b = y_b"
 """The snapshot of a parameter's first step, where the step creates z as a copy of y."""
 
-MISS = 5e-5
-"""Largest ‖rebuilt u - stored u‖ / ‖u - mean(u)‖ of a part that the view keeps (half the 1e-4
-tolerance on norms)."""
+
 
 
 class ScheduleFreeView(View):
@@ -93,7 +92,7 @@ class ScheduleFreeView(View):
 
         Returns:
             :data:`FRESH` or None where ``rebuild`` and the rebuild misses the replayed stored change
-            by at most :data:`MISS` of its spread (one host read), else the change's
+            by at most :data:`~monitored_optim.stats.MISS` of its spread (one host read), else the change's
             :class:`~monitored_optim.updates.clone.Summed` (float64 sums in the step's own arithmetic).
         """
         alpha = lr * (self.beta(group) * (1 - w) - 1)
