@@ -35,6 +35,9 @@ from collections.abc import Iterable
 
 from .pieces import MAX, MIN, SUM
 
+__all__ = ["LOW", "HIGH", "EDGES", "NBINS", "ZERO", "KEYS", "piece_keys", "PIECES", "WIDTH", "WIDTHS", "Histogram",
+           "added", "of"]  # the API page's names, in the order of the source
+
 LOW, HIGH = -40, 16
 """The smallest and largest magnitude edges: 2**-40 (about 9.1e-13) and 2**16 (65,536)."""
 
