@@ -20,7 +20,7 @@ from torch import nn
 
 from monitored_optim import MonitorConfig, Monitored
 from monitored_optim import histograms as H
-from monitored_optim.capture import binning
+from monitored_optim.capture import binning, bits
 
 STEPS = 3
 
@@ -153,13 +153,13 @@ def test_the_edges_are_exact_in_every_dtype_and_values_on_them_go_up():
               * 10.0 ** torch.randint(-16, 9, (100_000,), generator=g))
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         for x in (edges, -edges, edges * (1 + 1e-6), edges * (1 - 1e-6), spread):
-            assert H.counts(x.to(dtype)).tolist() == truth(x.to(dtype)), dtype
+            assert bits.counts(x.to(dtype)).tolist() == truth(x.to(dtype)), dtype
     special = torch.tensor([0.0, -0.0, 1e-45, -1e-45, float("inf"), -float("inf"), float("nan"), -float("nan"),
                             1e30, -1e30])
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
-        counts = H.counts(special.to(dtype))
+        counts = bits.counts(special.to(dtype))
         assert counts[H.ZERO] == 4 and counts[0] == 1 and counts[-1] == 1 and counts.sum() == 6, dtype
-    assert H.counts(torch.zeros(0)).sum() == 0 and H.counts(torch.ones(3, dtype=torch.complex64)).sum() == 6
+    assert bits.counts(torch.zeros(0)).sum() == 0 and bits.counts(torch.ones(3, dtype=torch.complex64)).sum() == 6
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
@@ -176,13 +176,13 @@ def test_the_finite_path_counts_as_the_general_one(dtype):
     zeros = torch.full((1037,), -0.0, dtype=torch.float64)
     top, bottom = torch.cat([small, small.new_tensor([info.max])]), torch.cat([small, small.new_tensor([-info.max])])
     for x in (top, bottom, small, spread, zeros, torch.cat([spread, zeros, -spread]), zeros[:3]):
-        flat = H.flattened(x.to(dtype), None)
-        assert H.finite_ends(flat) is not None  # the finite path is the one taken
-        general = H.folded(H.occurrences(H.keys(flat), len(H.fold(flat.dtype, flat.device))).view(1, -1),
-                            H.fold(flat.dtype, flat.device))[0]
-        assert torch.equal(H.counts(x.to(dtype)), general)
+        flat = bits.flattened(x.to(dtype), None)
+        assert bits.finite_ends(flat) is not None  # the finite path is the one taken
+        table = bits.fold(flat.dtype, flat.device)
+        general = bits.folded(bits.occurrences(bits.keys(flat), len(table)).view(1, -1), table)[0]
+        assert torch.equal(bits.counts(x.to(dtype)), general)
         with np.errstate(over="ignore"):  # the truth's sum of squares of float64's max: only its counts are read
-            assert H.counts(x.to(dtype)).tolist() == truth(x.to(dtype))
+            assert bits.counts(x.to(dtype)).tolist() == truth(x.to(dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
@@ -200,7 +200,7 @@ def test_each_element_s_bin_from_its_bits_is_its_key_s_fold_and_numpy_s(dtype):
     x = torch.cat([edges, -edges, edges * (1 + 1e-6), edges * (1 - 1e-6), spread, special]).to(dtype)
     bins = binning.element_bins(x)
     assert bins.dtype is torch.uint8
-    assert torch.equal(bins.long(), H.fold(dtype, x.device)[H.keys(x)])
+    assert torch.equal(bins.long(), bits.fold(dtype, x.device)[bits.keys(x)])
     assert (bins[-3:] == H.NBINS).all()
     with np.errstate(over="ignore"):  # the truth's sum of squares of float64's max: only its counts are read
         assert torch.bincount(bins.long(), minlength=H.NBINS + 1)[:H.NBINS].tolist() == truth(x)
@@ -589,9 +589,9 @@ def test_binning_a_non_finite_element_never_writes_into_the_parameter_or_its_gra
     w.grad, plain.grad = g0.clone(), g0.clone()
     opt.step()
     reference.step()
-    bits = torch.int64 if dtype is torch.float64 else torch.int32
-    assert torch.equal(w.detach().view(bits), plain.detach().view(bits))
-    assert torch.equal(w.grad.view(bits), plain.grad.view(bits))
+    ints = torch.int64 if dtype is torch.float64 else torch.int32  # compared bit for bit
+    assert torch.equal(w.detach().view(ints), plain.detach().view(ints))
+    assert torch.equal(w.grad.view(ints), plain.grad.view(ints))
     assert sum(opt.monitor.histograms["param_hist/w"]) == copies  # the one finite element of four
 
 

@@ -1,7 +1,7 @@
 """The capture's binning: a logging step's parts, flat chunks and compiled calls into histogram pieces.
 
-The bins and the rule that gives an element its bin are :mod:`monitored_optim.histograms`'; here is
-how the capture applies them at a logging step:
+The bins are :mod:`monitored_optim.histograms`', and the rule that gives an element its bin from its
+bits is :mod:`monitored_optim.capture.bits`'; here is how the capture applies them at a logging step:
 
 * the eager capture's parts: a :class:`Tally` counts each part's keys and folds them at once per
   step, adding the parts of each parameter;
@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, Union
 import torch
 from torch import Tensor
 
-from ..histograms import (BITS, KEYS, NBINS, WIDTH, ZERO, finite_ends, flattened, fold, folded, keys_counted,
-                          occurrences, piece_keys, steps)
+from ..histograms import KEYS, NBINS, WIDTH, ZERO, piece_keys
 from ..workspace import PART_ELEMENTS
 from ..workspace import Workspace
+from .bits import BITS, finite_ends, flattened, fold, folded, keys_counted, occurrences, steps
 from .change import exact_change
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class Tally:
     def add(self, owner: Owner, series: str, x: Tensor, scale: Tensor | None = None,
             work: Workspace | None = None) -> None:
         """Count one part ``x`` of ``owner``'s tensor under ``series`` (arguments as
-        :func:`~monitored_optim.histograms.counts`')."""
+        :func:`~monitored_optim.capture.bits.counts`')."""
         flat = flattened(x, scale)
         ends = finite_ends(flat)
         table, counts = keys_counted(flat, ends is not None, work)
@@ -183,7 +183,7 @@ def segment_values(flat: Tensor, lengths: Tensor) -> list[tuple[Tensor, Tensor, 
     as a :class:`Tally` gives those of a parameter.
 
     Args:
-        flat: 1-D tensor of a dtype of :data:`~monitored_optim.histograms.BITS`, the segments laid end to end.
+        flat: 1-D tensor of a dtype of :data:`~monitored_optim.capture.bits.BITS`, the segments laid end to end.
         lengths: int64 tensor of shape ``(k,)`` on ``flat``'s device, positive, summing to ``flat.numel()``.
 
     Returns:
@@ -213,7 +213,7 @@ def binned(xs: list[Tensor]) -> tuple[list[Tensor], Tensor]:
     are formed, and the bins counted outside the compiled graph (:func:`counted_bins`).
 
     Args:
-        xs: real floating tensors of dtypes of :data:`~monitored_optim.histograms.BITS` (any shapes).
+        xs: real floating tensors of dtypes of :data:`~monitored_optim.capture.bits.BITS` (any shapes).
 
     Returns:
         ``(bins, extents)``: per tensor its elements' bins, uint8 of its number of elements
@@ -253,7 +253,7 @@ def element_bins(flat: Tensor) -> Tensor:
     place for a negative one (so that ``-2**k`` is the lower end of its bin).
 
     Args:
-        flat: 1-D tensor of a dtype of :data:`~monitored_optim.histograms.BITS`.
+        flat: 1-D tensor of a dtype of :data:`~monitored_optim.capture.bits.BITS`.
 
     Returns:
         uint8 tensor like ``flat``: the bins, :data:`~monitored_optim.histograms.NBINS` for a non-finite element.

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..histograms import BITS
 from ..stats import KINDS, LOW_PRECISION, MISS
+from .bits import BITS
 
 if TYPE_CHECKING:
     from ..hosted import MomentTable

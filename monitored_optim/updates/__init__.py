@@ -39,7 +39,7 @@ from .adagrad import AdagradView
 from .adam import AdamView
 from .adamax import AdamaxView
 from .asgd import AsgdView
-from .clone import CLONE, Cloned, CloneView, Rows, Scaled, Stores, Summed
+from .clone import CLONE, Cloned, Rows, Scaled, Stores, Summed
 from .muon import MuonView
 from .nadam import NAdamView
 from .radam import RAdamView
@@ -137,5 +137,5 @@ def elementwise(view: View) -> bool:
     return view.elementwise
 
 
-__all__ = ["CLONE", "Cloned", "CloneView", "Rows", "Scaled", "Stores", "Summed", "View", "elementwise", "raw_step",
-           "rebuild", "register", "view_for"]
+# what a user writing a view uses (the API page): the capture's rebuild, raw_step and elementwise are internals
+__all__ = ["View", "register", "view_for", "CLONE", "Cloned", "Summed", "Scaled", "Stores", "Rows"]
