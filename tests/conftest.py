@@ -29,3 +29,17 @@ def _fresh_wandb_settings():
 
     if "wandb" in sys.modules:
         sys.modules["wandb"].teardown()
+
+
+@pytest.fixture
+def ray_cluster(monkeypatch):
+    """A local Ray cluster for one test, sized for two Ray Train workers (``ScalingConfig(num_workers=2)``):
+    two CPUs, no dashboard, a small object store (``TorchTrainer.fit()`` would otherwise start one with every
+    core). Its processes inherit this process's environment as it is now (the MONITORED_OPTIM_* variables the
+    test set); ``ray.shutdown()`` stops them after the test. Skipped without ``ray[train]``."""
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.train.torch")
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")  # the controller sees the workers end sooner
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20)
+    yield ray
+    ray.shutdown()

@@ -71,9 +71,11 @@ def namespace(code: str, tmp_path) -> dict:
 
 @pytest.mark.parametrize("page, index, code", BLOCKS,
                          ids=[f"{page.relative_to(ROOT).as_posix()}#{i}" for page, i, _ in BLOCKS])
-def test_every_python_block_runs_without_a_warning_of_ours(page, index, code, tmp_path, monkeypatch):
+def test_every_python_block_runs_without_a_warning_of_ours(page, index, code, tmp_path, monkeypatch, request):
     monkeypatch.setenv("MONITORED_OPTIM_BACKEND", "jsonl")
     monkeypatch.setenv("MONITORED_OPTIM_LOGDIR", str(tmp_path / "runs"))
+    if re.search(r"^import ray\b", code, flags=re.M):
+        request.getfixturevalue("ray_cluster")  # Ray Train's workers: a cluster of two CPUs, skipped without ray
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         exec(compile(code, f"{page.name}#{index}", "exec"), namespace(code, tmp_path))

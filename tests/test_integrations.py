@@ -198,3 +198,30 @@ def test_hf_trainer_optim_name_monitored_through_its_class_and_kwargs(tmp_path):
             assert opt.monitor.step == 6 and "update_to_data/transformer.wte.weight" in opt.monitor.latest
         runs.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_ray_train_figures_land_under_the_runs_storage_path(tmp_path, monkeypatch, request):
+    """The trainers guide's Ray Train block as written, with two workers under DDP (``prepare_model``): the
+    figures are in ``<storage_path>/<name>/monitor``, one run of rank 0's rows (every step: the test's
+    MONITORED_OPTIM_EVERY=1 reaches the workers), under the model's own names (no ``module.``), and none are in
+    Ray's session folder, where the workers' working directory is."""
+    import json
+    import math
+
+    from snippets import ROOT, python_blocks
+
+    (block,) = [b for b in python_blocks(ROOT / "docs" / "guides" / "trainers.md") if "ray.train" in b]
+    monkeypatch.setenv("MONITORED_OPTIM_BACKEND", "jsonl")  # before the cluster starts: its workers inherit it
+    ray = request.getfixturevalue("ray_cluster")
+    namespace: dict = {}
+    exec(compile(block, "trainers.md#ray", "exec"), namespace)
+    run_dir = tmp_path / "ray_results" / "tiny"
+    assert Path(namespace["result"].path) == run_dir
+    rows = [json.loads(line) for line in (run_dir / "monitor" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == list(range(1, 21))  # rank 0 alone: each step once
+    names = {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert {tag.split("/", 1)[1] for tag in rows[-1] if tag.startswith("update_norm/")} == names
+    assert all(math.isfinite(row[f"update_norm/{n}"]) and row[f"update_norm/{n}"] > 0 for row in rows for n in names)
+    assert [p.name for p in (run_dir / "monitor").iterdir() if p.is_dir()] == []  # no run2: one writer
+    session = Path(ray._private.worker._global_node.get_session_dir_path())
+    assert session.is_dir() and not list(session.glob("artifacts/**/metrics.jsonl"))
