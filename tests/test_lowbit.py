@@ -87,7 +87,7 @@ def test_low_bit_figures_equal_the_clone_truth_and_keep_the_trajectory(module, n
     for s, t in zip(plain_state, state):
         assert s.keys() == t.keys() and all(_equal(s[k], t[k]) for k in s)
     row = described.split("0.weight", 1)[1].splitlines()[0]  # the route it took at the last logging step
-    assert row.split()[-2:] == ["view", "(TurnView)"], described  # measured in its turn: no clone, no replay
+    assert "view (" in row and "clone" not in row and "replayed" not in row, described  # no copy, no replay
 
 
 @pytest.mark.parametrize("module,name", LOWBIT, ids=IDS)
