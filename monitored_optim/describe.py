@@ -10,7 +10,7 @@ import torch
 
 from ._warnings import warn
 from .capture import Capture
-from .capture.route import FLAT, Route
+from .capture.plan import FlatRun
 from .config import Settings
 from .distributed.deepspeed import Layout
 from .distributed.held import whole_shape
@@ -94,8 +94,8 @@ def _rows(engine: Described, optimizer: torch.optim.Optimizer, known: dict[int, 
     shown: dict[int, str] = {}  # id of a parameter -> how it is captured
     for _group, items in plan.groups:
         for item in items:
-            if isinstance(item, list):
-                shown.update((id(e.p), Route(FLAT).label(view)) for e in item)
+            if isinstance(item, FlatRun):
+                shown.update((id(e.p), item.route.label(view)) for e in item.entries)
             else:
                 shown[id(item.p)] = item.route(capture.risky(item.name)).label(view)
     rows: list[tuple[str, ...]] = [HEADING]

@@ -40,8 +40,9 @@ from ..hosted import Hosted
 from ..updates import View, elementwise, raw_step
 from .eager import Eager, chunks, record_grads
 from .fused import Fused, dense_grad
-from .plan import Entries, Entry, Plan, Roster, Stepped, assign_slots, build, composition, fingerprint, frozen, names
-from .route import CLONED, FLAT, FUSED_COPY, FUSED_REBUILD, SKIPPED, Route
+from .plan import (Entries, Entry, FlatRun, Plan, Roster, Stepped, assign_slots, build, composition, fingerprint,
+                   frozen, names)
+from .route import CLONED, FUSED_COPY, FUSED_REBUILD, SKIPPED
 from .rules import CentringMemory, RiskMemory
 from .spent import Spent, taken as taken_label
 from .change import PART_ELEMENTS, Part, parts
@@ -137,16 +138,16 @@ class Capture:
         self.eager.tally.open(batch)
         self.eager.shared = plan.shared
         entries, unflat, copies = [], [], []
-        blocks: list[list[Entry] | Entry] = []  # runs of flat entries, and the first part of each other
+        blocks: list[FlatRun | Entry] = []  # runs of flat entries, and the first part of each other
         assert batch.work is not None  # a logging step's batch has its workspace
         self.budget = batch.work.nbytes = plan.budget  # the batch's buffers: one chunk's temporaries
         for i, (group, items) in enumerate(plan.groups):
             if groups is not None and i not in groups:
                 continue
             for item in items:
-                if isinstance(item, list):  # a run of flat entries: copied into their chunks' buffers, no part
-                    routes.update((e.name, Route(FLAT).label(view)) for e in item)
-                    entries += item
+                if isinstance(item, FlatRun):  # copied into their chunks' buffers, no part
+                    routes.update((e.name, item.route.label(view)) for e in item.entries)
+                    entries += item.entries
                     blocks.append(item)
                     continue
                 p = item.p
@@ -170,7 +171,7 @@ class Capture:
                 entries += made
                 unflat += made
                 blocks.append(made[0])
-        leads = [e for block in blocks for e in (block if isinstance(block, list) else [block])]  # in order
+        leads = [e for block in blocks for e in (block.entries if isinstance(block, FlatRun) else [block])]
         assign_slots(blocks, batch.slots(len(stats.KINDS) * len(leads)).start)
         befores = self.fused.before(plan.chunks, copies, [e for e in unflat if e.fused], batch)
         self.spent.copied([*befores, *(x for e in unflat for x in (e.before, e.clone))])

@@ -70,18 +70,18 @@ def budget(total_bytes: int) -> int:
     return min(max(total_bytes // 64, 1 << 18), PART_ELEMENTS * 4)
 
 
-def parts(p: Tensor, state: dict[str, Any], elementwise: bool, limit: int = PART_ELEMENTS) -> list[Part]:
+def parts(p: Tensor, state: dict[str, Any], cut: bool, limit: int = PART_ELEMENTS) -> list[Part]:
     """``p`` as a list of parts: slices of at most ``limit`` elements, or ``[Part(p, state, p)]``.
 
     A row of the first dimension larger than ``limit`` makes a part of its own.
 
-    Only where the update of a slice depends on nothing but the same slice of p, its grad and its
-    state (``elementwise``: the element-wise views) and the grad is dense. Slices are flat where p,
-    its grad and its p-shaped state are all contiguous, else along the first dimension.
+    Only where the plan cuts p (``cut``: its :func:`slices` for ``limit`` are more than 1, an
+    element-wise view's large parameter) and the grad is dense. Slices are flat where p, its grad
+    and its p-shaped state are all contiguous, else along the first dimension.
     """
     grad = p.grad
     shaped = [v for v in state.values() if isinstance(v, Tensor) and v.shape == p.shape]
-    if slices(p, elementwise, limit) == 1 or (grad is not None and grad.is_sparse) \
+    if not cut or (grad is not None and grad.is_sparse) \
             or any(v.is_sparse for v in shaped):
         return [Part(p, state, p)]
     flat = all(t.is_contiguous() for t in [p, *shaped, *([] if grad is None else [grad])])

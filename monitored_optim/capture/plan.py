@@ -23,7 +23,7 @@ from ..models import own_names, unnamed
 from ..updates import CLONE, Cloned, View, elementwise
 from .rules import LOW_PRECISION, eps as machine_eps, shared
 from .change import Part, budget as chunk_budget, slices
-from .route import CLONED, INTEGER, SKIPPED, Planned, Route
+from .route import CLONED, FLAT, INTEGER, SKIPPED, Planned, Route
 
 if TYPE_CHECKING:
     from ..distributed.pipeline import Remote
@@ -75,6 +75,15 @@ class Entry:
     def clone(self) -> Tensor | None:
         """Verify mode's copy of p_before, where u is inverted (None elsewhere, and once checked)."""
         return self.kept if self.verifies else None
+
+
+@dataclass(eq=False)
+class FlatRun:
+    """Consecutive parameters of a param group captured flat: their entries, each copied into its
+    chunk's flat buffer before the step (:class:`Flat`), and their route."""
+
+    entries: list[Entry] = field(default_factory=list)
+    route: Route = Route(FLAT)
 
 
 @dataclass(eq=False)
@@ -246,7 +255,7 @@ class Plan:
         names: each param group's parameter names (:func:`names`).
         mask: per parameter, whether the selection chose it (None: every parameter).
         groups: per param group, ``(group, items)``: its chosen parameters in order, as runs of
-            consecutive ones captured flat (lists of their entries) and a
+            consecutive ones captured flat (:class:`FlatRun`) and a
             :class:`~monitored_optim.capture.route.Planned` for each other one.
         shared: ids of the parameters whose storage another parameter shares.
         budget: the capture's chunk budget in bytes (:func:`~monitored_optim.capture.change.budget`).
@@ -256,7 +265,7 @@ class Plan:
     key: list[Any]
     names: list[list[str]]
     mask: list[bool] | None
-    groups: list[tuple[dict[str, Any], list[list[Entry] | Planned]]]
+    groups: list[tuple[dict[str, Any], list[FlatRun | Planned]]]
     shared: set[int]
     budget: int
     chunks: list[Flat]
@@ -286,15 +295,15 @@ def build(optimizer: Stepped, key: list[Any], named: list[list[str]], mask: list
     cut = split and elementwise(view)
     groups, flat = [], []
     for group, way, own in picked:
-        items: list[list[Entry] | Planned] = []  # runs of flat entries and a Planned for each other parameter
+        items: list[FlatRun | Planned] = []
         for name, p in own:
             form = forms.form(p) if way is not None else None
             if form == "flat":
                 flat.append(Entry(name, group, p, None, fused=True))
-                run = items[-1] if items and isinstance(items[-1], list) else None
+                run = items[-1] if items and isinstance(items[-1], FlatRun) else None
                 if run is None:
-                    items.append(run := [])
-                run.append(flat[-1])
+                    items.append(run := FlatRun())
+                run.entries.append(flat[-1])
                 continue
             n = slices(p, cut, size // p.element_size())
             clone = _CLONE_VIEW if view is CLONE else _SHARD if id(p) in cloned else None
@@ -319,14 +328,14 @@ class Forms(Protocol):
         """The entries captured flat, laid into chunks (each entry's ``flat`` set)."""
 
 
-def assign_slots(blocks: list[list[Entry] | Entry], first: int) -> None:
+def assign_slots(blocks: list[FlatRun | Entry], first: int) -> None:
     """Give each parameter of a logging step its consecutive slots of :data:`~monitored_optim.stats.KINDS`
-    from ``first`` on, in the order of ``blocks``: runs of flat entries (lists) and the lead entry of
+    from ``first`` on, in the order of ``blocks``: runs of flat entries and the lead entry of
     each other parameter. A run that starts at the slot it had on the last logging step keeps its
     entries' slots (given together, the same as now)."""
     width = len(stats.KINDS)
     for block in blocks:
-        run = block if isinstance(block, list) else [block]
+        run = block.entries if isinstance(block, FlatRun) else [block]
         if run[0].slots.get("p") != first:
             for k, e in enumerate(run):
                 e.slots = {"p": first + width * k, "grad": first + width * k + 1, "u": first + width * k + 2}
