@@ -50,7 +50,8 @@ def describe(engine: Described, optimizer: torch.optim.Optimizer, known: dict[in
     (:attr:`~monitored_optim.capture.spent.Record.routes`), with ``(next: <plan>)`` where the plan of
     the next logging step differs; a view that fell back says so: ``clone: the view fell back ...``
     (it returned a copy of p_before), ``replayed sums: ...`` (schedule-free's replay of the step,
-    no copy), with ``(k of N parts)`` where only some parts did.
+    no copy), with ``(k of N parts)`` where only some parts did. Under the table, what each label in
+    it means (:data:`LEGEND`).
 
     Args:
         engine: the monitor's :class:`~monitored_optim.engine.Engine`.
@@ -82,7 +83,20 @@ def describe(engine: Described, optimizer: torch.optim.Optimizer, known: dict[in
                  "logging step ((next: ...) where the plan of the next one differs)")
     lines.append("")
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows]
-    return "\n".join(lines)
+    shown = [f"  {label}: {meaning}" for label, meaning in LEGEND.items()
+             if any(row[4].startswith(label) or f"{label}:" in row[4] for row in rows[1:])]
+    return "\n".join(lines + ([""] + shown if shown else []))
+
+
+LEGEND = {
+    "view": "the update rebuilt from the optimizer's state after the step, no copy",
+    "copied flat": "a small tensor copied with the other small ones of its chunk before the step",
+    "snapshot": "p_before copied on logging steps, where a rebuild could miss a bit (the reason in brackets)",
+    "clone": "p_before copied on logging steps: no rebuild for this step",
+    "replayed sums": "the step replayed for its sums, no copy",
+    "skipped": "not measured",
+}
+"""What each capture label of :func:`describe`'s table means, in the order shown under it."""
 
 
 def _rows(engine: Described, optimizer: torch.optim.Optimizer, known: dict[int, str],
