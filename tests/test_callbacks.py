@@ -260,9 +260,10 @@ def test_lightning_two_optimizers_are_kept_apart_in_its_csv_loggers_directory(tm
 
 # ---------------------------------------------------------------------------- stopping on what it sees
 
-def test_hf_trainer_stops_on_every_rank_at_the_guards_stall_with_finite_weights(tmp_path):
+def test_hf_trainer_stops_at_the_guards_stall_with_the_weights_of_the_steps_taken(tmp_path):
     """A NaN put into a grad from step 3 on: the guard skips steps 3 and 4 (budget 1), asks to stop, and
-    the callback stops the Trainer there; the weights are finite and the monitor is closed."""
+    the callback stops the Trainer there; the weights are bit for bit those of a plain Trainer stopped
+    after step 2, and the monitor is closed."""
     from monitored_optim.hf import MonitorCallback
 
     class Poison(transformers.TrainerCallback):
@@ -278,13 +279,24 @@ def test_hf_trainer_stops_on_every_rank_at_the_guards_stall_with_finite_weights(
         trainer.train()
     assert trainer.state.global_step == 4
     assert monitor.monitor.should_stop and monitor.monitor._guard.skipped == 2 and monitor.monitor.step == 2
-    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     assert monitor.monitor._delivery.backends._open is None  # closed at the end of training
+
+    class StopAfterTwo(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step >= 2
+
+    plain = hf_trainer(tmp_path / "plain", [StopAfterTwo()], max_steps=20, max_grad_norm=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain.train()
+    assert plain.state.global_step == 2
+    for (name, p), q in zip(trainer.model.named_parameters(), plain.model.parameters()):
+        assert torch.equal(p, q), name
 
 
 def test_lightning_trainer_stops_at_the_step_an_event_asks_to(tmp_path):
     """Lightning steps through a closure: the guard runs it, then decides. A NaN from step 3 on, a budget
-    of 2: steps 3, 4, 5 skipped, the stop at step 5, the weights finite."""
+    of 2: steps 3, 4, 5 skipped, the stop at step 5, the weights those of a plain run of 2 steps."""
     from lightning.pytorch.loggers import CSVLogger
 
     from monitored_optim.lightning import MonitorCallback
@@ -306,4 +318,11 @@ def test_lightning_trainer_stops_at_the_step_an_event_asks_to(tmp_path):
     (monitor,) = callback.monitors
     assert monitor.should_stop and monitor._guard.skipped == 3 and monitor.step == 2
     assert trainer.global_step == 5  # Lightning counts the calls
-    assert all(torch.isfinite(p).all() for p in module.parameters())
+    plain, twin = lightning.Trainer(
+        max_steps=2, logger=False, accelerator="cpu", devices=1, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path)), Regression()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain.fit(twin, regression(100))
+    for (name, p), q in zip(module.named_parameters(), twin.parameters()):
+        assert torch.equal(p, q), name  # the two steps taken, bit for bit

@@ -415,19 +415,22 @@ def test_off_by_default_the_state_dict_is_as_before():
 
 
 def test_a_finite_grad_whose_norm_overflows_its_dtype_is_not_skipped():
-    """fp16 grads of 30000 in every element: finite, with an fp16 norm past 65504 (inf). Not a NaN step."""
-    p = nn.Parameter(torch.zeros(64, dtype=torch.float16))
-    opt = Monitored(torch.optim.SGD)([("w", p)], lr=1e-9, monitor=MonitorConfig(backend="none", guard="nonfinite"))
-    p.grad = torch.full_like(p, 3e4)
+    """fp16 grads of 30000 in every element: finite, with an fp16 norm past 65504 (inf). Not a NaN step:
+    taken as the plain optimizer takes it; the step after, with an Inf in the grad, is not taken."""
+    p, q = nn.Parameter(torch.ones(64, dtype=torch.float16)), nn.Parameter(torch.ones(64, dtype=torch.float16))
+    opt = Monitored(torch.optim.SGD)([("w", p)], lr=1e-5, monitor=MonitorConfig(backend="none", guard="nonfinite"))
+    plain = torch.optim.SGD([q], lr=1e-5)
+    p.grad, q.grad = torch.full_like(p, 3e4), torch.full_like(q, 3e4)
     assert torch._foreach_norm([p.grad], 2)[0].isinf()
     opt.step()
-    assert not opt.monitor.step_was_skipped
+    plain.step()
+    assert not opt.monitor.step_was_skipped and torch.equal(p, q) and not torch.equal(p, torch.ones_like(p))
     p.grad[5] = math.inf
     opt.step()
-    assert opt.monitor.step_was_skipped
+    assert opt.monitor.step_was_skipped and torch.equal(p, q)
 
 
-# ----- what a hostile pass found ----------------------------------------------------------------
+# ----- optimizers and grads off the usual path ---------------------------------------------------
 
 class SamLike(torch.optim.Optimizer):
     """A SAM-style optimizer (not torch's own): the user's grads first, then a closure at perturbed weights."""
@@ -503,13 +506,15 @@ def test_the_guard_judges_by_the_names_watch_gives():
         opt.step()
     assert {"have no names", "matches none"} <= {m for w in told for m in ("have no names", "matches none")
                                                  if m in str(w.message)}
-    assert not opt.monitor.step_was_skipped
+    assert not opt.monitor.step_was_skipped and model[0].weight.isnan().any()  # taken, as the plain step
     opt.monitor.watch(model)
+    before = [p.detach().clone() for p in model.parameters()]
     opt.zero_grad()
     loss_of(model, 2).backward()
     model[0].weight.grad[0, 0] = math.nan
     opt.step()
     assert opt.monitor.step_was_skipped
+    assert all(torch.allclose(p, b, rtol=0, atol=0, equal_nan=True) for p, b in zip(model.parameters(), before))
 
 
 def test_step_was_skipped_tells_of_the_last_step_only():
@@ -517,19 +522,31 @@ def test_step_was_skipped_tells_of_the_last_step_only():
     opt = Monitored(torch.optim.SGD)(model.named_parameters(), lr=1e-2,
                                      monitor=MonitorConfig(backend="none", guard="nonfinite"))
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    twin = net()
+    plain = torch.optim.SGD(twin.parameters(), lr=1e-2)
+    plain_scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
     seen = []
     for step in range(1, 4):
         opt.zero_grad()
+        plain.zero_grad()
         scaler.scale(loss_of(model, step)).backward()
+        plain_scaler.scale(loss_of(twin, step)).backward()
         if step == 1:
             model[0].weight.grad[0, 0] = math.nan  # the scaler skips it: the guard never judges it
+            twin[0].weight.grad[0, 0] = math.nan
         if step == 2:
             scaler.unscale_(opt)
             model[0].weight.grad[0, 0] = math.nan  # after unscaling: the guard skips it
         scaler.step(opt)
         scaler.update()
         seen.append(opt.monitor.step_was_skipped)
+        if step == 2:
+            plain_scaler.unscale_(plain)  # the guard's skip: the twin leaves out its step, not the scaler's update
+        else:
+            plain_scaler.step(plain)
+        plain_scaler.update()
     assert seen == [False, True, False]
+    assert_same(model, opt, twin, plain)
 
 
 def test_the_report_shows_the_guards_skips(tmp_path):

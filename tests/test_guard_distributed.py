@@ -55,8 +55,9 @@ def guarded_run(rank: int, world: int, wrap, **config) -> dict:
         if step not in POISONED:
             plain.step()
     same = all(torch.equal(_local(a), _local(b)) for a, b in zip(net.parameters(), twin.parameters()))
-    state = all(torch.equal(_local(x), _local(y)) for sa, sb in zip(opt.state.values(), plain.state.values())
-                for x, y in zip(sa.values(), sb.values()))
+    state = len(opt.state) == len(plain.state) > 0 and all(
+        torch.equal(_local(x), _local(y)) for sa, sb in zip(opt.state.values(), plain.state.values())
+        for x, y in zip(sa.values(), sb.values()))
     return {"skipped": skipped, "stops": stops, "same": same, "state": state, "alerts": records.messages,
             "guard/skipped": opt.monitor.latest.get("guard/skipped")}
 
