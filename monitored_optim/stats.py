@@ -161,8 +161,7 @@ class Batch:
             scale: see :data:`Scale`; sums are linear, so the factor is applied when finishing.
             scratch: per tensor (or for all), whether it is a temporary that the sums may
                 overwrite: it takes the centred pass in place whatever ``centre`` says, exact for
-                any spread (sums about another shift c, such as its first element, bring back the
-                float32 rounding of Σ(x - c)^2 times about 1 + (c - mean)^2 / var in m2 and the norm).
+                any spread.
             into: per tensor, a slot returned earlier that this tensor is another disjoint part of
                 (its moments are merged into that slot's), or None for a new slot.
 

@@ -156,18 +156,16 @@ def test_aliased_parameters_report_the_change_of_their_storage(opt_id, tmp_path)
 
 
 FAR_FIRST = (5.0, 30.0)
-"""The review's case (fp32, N(0, 0.02), SGD with momentum at lr 3e-7: ``update_norm`` 1.0e-4 off at
-step 2 in 1 of its 252 draws), made certain: grad[0, 0] is ``far`` grad standard deviations above
-the rest at every step, so the first element of the update lies about that far from its mean."""
+"""How many grad standard deviations grad[0, 0] lies above the rest at every step (fp32, N(0, 0.02),
+SGD with momentum at lr 3e-7), so that the first element of the update lies about that far from
+its mean."""
 
 
 @pytest.mark.parametrize("far", FAR_FIRST, ids=[f"{far:g}-std" for far in FAR_FIRST])
 def test_an_update_whose_first_element_lies_far_from_its_mean_equals_clone_truth(far, tmp_path):
-    """``proj.weight``, 512 x 256 float32, its update rebuilt in two slices of 65536 elements. Each
-    slice's sums were taken about its own first element c, so the float32 rounding of Σ(x - c)^2
-    (one-sided on stored changes, a few distinct multiples of the weights' spacing) came back
-    multiplied by about 1 + (c - mean)^2 / var in the norm and m2: 4.6e-4 of the norm at 5, 5.5e-3
-    at 30. Every step's figures within the clone truth's tolerances."""
+    """``proj.weight``, 512 x 256 float32, its update rebuilt in two slices of 65536 elements, the
+    first element of each far from the slice's mean (sums taken about it would lose the float32
+    rounding of Σ(x - c)^2 many times over): every step's figures within the clone truth's tolerances."""
     gen = torch.Generator().manual_seed(zlib.crc32(f"far-first-{far}".encode()))
     named = [("proj.weight", torch.nn.Parameter(initial("normal", (512, 256), torch.float32, gen)))]
     opt = Monitored(O.SGD)(named, lr=3e-7, momentum=0.9, monitor=MonitorConfig(backend="none", logdir=tmp_path))

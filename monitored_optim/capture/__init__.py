@@ -297,7 +297,7 @@ def with_grads_of_closure(entries: list[Entry], batch: stats.Batch, args: tuple[
     return (wrapped, *args[1:]), kwargs
 
 
-__all__ = ["Capture", "closure_is_first", "closure_of", "with_grads_of_closure"]
+__all__ = ["Capture", "closure_is_first", "closure_of", "closure_runs_ahead", "with_grads_of_closure"]
 
 
 def _part(e: Entry) -> Part:

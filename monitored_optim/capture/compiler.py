@@ -20,10 +20,9 @@ default of 8 would send a model with many signatures (conv nets) back to eager."
 def enabled(mode: str, device: torch.device) -> bool:
     """Whether the fused path runs for parameters on ``device`` under ``MonitorConfig(compile=mode)``.
 
-    ``auto`` fuses on CUDA only: there every small op of the eager capture is a kernel launch, while
-    on a CPU the first logging step's compile (39 s for the benchmark's 75-tensor model on 2 cores
-    with an empty inductor cache, 3 s from the cache in a later process; README "Cost") is worth it
-    only over thousands of logging steps."""
+    ``auto`` fuses on CUDA only, where every small op of the eager capture is a kernel launch; on a
+    CPU the first logging step's compile outweighs what it saves but over thousands of logging steps
+    (:doc:`/performance`)."""
     return mode == "on" or (mode == "auto" and device.type == "cuda")
 
 

@@ -1,6 +1,6 @@
 """The eager routes: per part, the view's snapshot before the step and its stored change after.
 
-The routes ``SNAPSHOT``, ``VIEW`` and ``CLONED`` of :mod:`~monitored_optim.capture.plan`, and the
+The routes ``SNAPSHOT``, ``VIEW`` and ``CLONED`` of :mod:`~monitored_optim.capture.route`, and the
 ``FUSED_REBUILD`` entries' snapshots: a few ops per part, for every optimizer, dtype and layout.
 The stored changes of one chunk of parts (:func:`chunks`) are alive at once; their sums go to the
 logging step's :class:`~monitored_optim.stats.Batch` and their device pieces to the parameter's entry.

@@ -157,9 +157,9 @@ def born(optimizer: torch.optim.Optimizer, known: dict[int, str], select: Callab
 
     Warns where the selection chooses none, and, once per ``told`` (None: never), where parameters
     have no names."""
-    unnamed = any(not g.get("param_names") and any(id(p) not in known for p in g["params"])
-                  for g in optimizer.param_groups)
-    if unnamed and told is not None and told.first("unnamed"):
+    nameless = any(not g.get("param_names") and any(id(p) not in known for p in g["params"])
+                   for g in optimizer.param_groups)
+    if nameless and told is not None and told.first("unnamed"):
         warn("monitored_optim: the optimizer's parameters have no names, so figures are logged as "
              "param0, param1, ...; pass model.named_parameters() (or param groups whose 'params' are "
              "(name, tensor) pairs), or MonitorConfig(model=model), to log them by name")

@@ -129,14 +129,10 @@ def adopt(view: Any) -> View:
     ``view_for`` returns and ``describe()`` names).
 
     Raises:
-        TypeError: ``view`` has ``held`` (now :meth:`View.silent`) and no ``silent`` of its own,
-            lacks a ``before`` or ``update`` method, has a capability of
+        TypeError: ``view`` lacks a ``before`` or ``update`` method, has a capability of
             :data:`OPTIONAL` that should be a method and is not, or cannot take attributes
             (``__slots__``): subclass :class:`View` instead.
     """
-    if callable(getattr(view, "held", None)) and getattr(type(view), "silent", View.silent) is View.silent:
-        raise TypeError(f"{type(view).__name__}.held(group) is now called silent(group); rename it, or the "
-                        "monitor would not know of the optimizer's silent steps")
     if isinstance(view, View):
         return view
     if not (callable(getattr(view, "before", None)) and callable(getattr(view, "update", None))):
