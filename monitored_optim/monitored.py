@@ -208,11 +208,12 @@ def _engine_of(optimizer: torch.optim.Optimizer) -> Engine | None:
 
 def steps_kept(optimizer: torch.optim.Optimizer, default: int, unknown: str) -> int:
     """The steps ``optimizer`` has taken by the count it keeps (its state's, its groups'), else ``default``;
-    where that is 0 but the optimizer has state, warns ``unknown`` (why the x axis starts at step 1)."""
-    count = _step_count_kept(optimizer, default)
-    if count == 0 and any(optimizer.state.values()):
+    where it keeps none, ``default`` is 0 and the optimizer has state, warns ``unknown`` (why the x axis
+    starts at step 1)."""
+    count = _step_count_kept(optimizer)
+    if count is None and default == 0 and any(optimizer.state.values()):
         warn(f"monitored_optim: {unknown}", RuntimeWarning)
-    return count
+    return default if count is None else count
 
 
 def _metaclass(meta: type) -> type:
@@ -254,8 +255,8 @@ def _rebuilt_monitor(config: MonitorConfig | None, base: type) -> Monitor:
         return Monitor(MonitorConfig(backend="none", every=(config.every if config else None) or 1), base)
 
 
-def _step_count_kept(optimizer: torch.optim.Optimizer, default: int) -> int:
-    """The number of steps ``optimizer`` has taken, by the count it keeps, else ``default``.
+def _step_count_kept(optimizer: torch.optim.Optimizer) -> int | None:
+    """The number of steps ``optimizer`` has taken, by the count it keeps (None: it keeps none).
 
     The first of these that holds a count gives the largest of its counts: ``state[p]["step"]``
     (torch's Adam and most others), ``param_groups[i]["step"]`` (pytorch-optimizer, timm),
@@ -270,7 +271,7 @@ def _step_count_kept(optimizer: torch.optim.Optimizer, default: int) -> int:
             found = [n for n in map(_as_count, counts) if n is not None]
             if found:
                 return max(found)
-    return default
+    return None
 
 
 def _as_count(value: Any) -> int | None:

@@ -103,6 +103,23 @@ def test_attached_after_steps_is_exact_and_changes_nothing(name):
         assert_figures_match(without_lost(logged), expected)
 
 
+@pytest.mark.parametrize("how", ["attach", "load_state_dict"])
+def test_an_optimizer_whose_state_keeps_a_count_of_0_is_no_alarm(how):
+    """Adagrad builds its state, with ``step`` 0, before any step: attached, or given a state dict of
+    such an optimizer, it keeps a count (0), so the axis starts at step 1 without a word."""
+    model = torch.nn.Linear(4, 2)
+    fresh = torch.optim.Adagrad(model.parameters(), lr=0.1)
+    assert fresh.state and all(float(s["step"]) == 0 for s in fresh.state.values())
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        if how == "attach":
+            opt = attach(fresh, MonitorConfig(backend="none", model=model))
+        else:
+            opt = Monitored(torch.optim.Adagrad)(model.named_parameters(), lr=0.1, monitor=MonitorConfig(backend="none"))
+            opt.load_state_dict(fresh.state_dict())
+    assert [str(w.message) for w in seen] == [] and opt.monitor.step == 0
+
+
 def without_lost(logged: dict[str, float]) -> dict[str, float]:
     """The figures less ``update_lost/*`` (the elements a step lost to rounding: not in the truth)."""
     return {k: v for k, v in logged.items() if not k.startswith("update_lost/")}
