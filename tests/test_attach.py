@@ -115,7 +115,8 @@ def test_an_optimizer_whose_state_keeps_a_count_of_0_is_no_alarm(how):
         if how == "attach":
             opt = attach(fresh, MonitorConfig(backend="none", model=model))
         else:
-            opt = Monitored(torch.optim.Adagrad)(model.named_parameters(), lr=0.1, monitor=MonitorConfig(backend="none"))
+            opt = Monitored(torch.optim.Adagrad)(model.named_parameters(), lr=0.1,
+                                                 monitor=MonitorConfig(backend="none"))
             opt.load_state_dict(fresh.state_dict())
     assert [str(w.message) for w in seen] == [] and opt.monitor.step == 0
 
