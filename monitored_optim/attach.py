@@ -18,6 +18,7 @@ import torch
 from ._warnings import warn
 from .config import MonitorConfig
 from .distributed.deepspeed import is_wrapper
+from .engine import NO_GUARD_UNDER_DEEPSPEED
 from .monitor import Monitor
 from .monitored import Monitored, bind, bound, steps_kept
 
@@ -78,6 +79,8 @@ def attach_at(obj: T, config: MonitorConfig | None, steps: int | None, names: to
                  "given now is not used (a monitor's configuration is fixed when it is made)", RuntimeWarning)
         return obj
     monitor = Monitor(config, base)  # bad configuration fails before the optimizer changes
+    if wrapper is not None and monitor.settings.guard:  # as would the engine's stepper, once bound
+        raise ValueError(NO_GUARD_UNDER_DEEPSPEED)
     hooked = base.step
     optimizer.__class__ = Monitored(base)
     optimizer._patch_step_function()  # torch's hook wrapper on the monitored step, as __init__ does
