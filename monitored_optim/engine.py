@@ -130,11 +130,12 @@ class Engine:
         return [] if optimizer is None else self._stepper.model_params(optimizer)
 
     def _stepper_of(self, optimizer: torch.optim.Optimizer) -> Stepper:
-        """The stepper of ``optimizer`` now: a DeepSpeed wrapper is looked for at the first step, and again
-        when a param group leads with a tensor the optimizer was not built with and not yet looked into
-        (DeepSpeed puts its flat buffers there after a first step taken without it); never again once found."""
-        if self._searching and self._due(optimizer):
-            found = deepspeed.find(optimizer) if distributed.initialized() else None
+        """The stepper of ``optimizer`` now: under ``torch.distributed``, a DeepSpeed wrapper is looked for at
+        the first step, and again when a param group leads with a tensor the optimizer was not built with
+        and not yet looked into (DeepSpeed puts its flat buffers there after a first step taken without
+        it); never again once found."""
+        if self._searching and distributed.initialized() and self._due(optimizer):
+            found = deepspeed.find(optimizer)
             if found is None:
                 leads = (id(group["params"][0]) for group in optimizer.param_groups if group["params"])
                 self._looked = (self._looked or set()) | set(leads)

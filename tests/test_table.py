@@ -1,6 +1,6 @@
 """The sharded logging step's one collective, in one process: each rank's table built on its own
 (:func:`monitored_optim.distributed.table.build`), the tables summed as ``all_reduce(SUM)`` sums
-them, and read back (:class:`~monitored_optim.distributed.table.Reduced`), against the figures of
+them, and read back (:func:`~monitored_optim.distributed.table.gathered`), against the figures of
 the whole tensors."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from monitored_optim import stats
 from monitored_optim.distributed.held import Held
 from monitored_optim.distributed.pipeline import Ranks
-from monitored_optim.distributed.table import HEADER, Reduced, build
+from monitored_optim.distributed.table import HEADER, build, gathered
 from monitored_optim.pieces import CORE, MAX, MIN, SUM, WHOLE, Keys
 
 KEYS = Keys({**CORE, "top:p": WHOLE, "min:u": MIN, "max:u": MAX, "bins:u": SUM}, {"bins:u": 5})
@@ -112,7 +112,7 @@ def test_the_summed_tables_give_the_whole_tensors_figures(world, dtype):
         tables.append(build(entries, held, KEYS, ranks, False, left_out, (100.0, 0.5), world, r, torch.device("cpu")))
     host = torch.stack(tables).sum(0).tolist()  # what all_reduce(SUM) leaves on every rank
     assert host[0][:3] == [world, world * 0.25, world * 0.25 ** 2] and host[1][:3] == [0.0, 100.0 * world, 0.5 * world]
-    reduced = Reduced(host, _ranks(world, names, 0), KEYS, world)
+    reduced = gathered(host, _ranks(world, names, 0), KEYS, world)
     assert reduced.names == ["norm.weight", "bias", "head.bias", "fc.weight"]
     for i, name in enumerate(reduced.names):
         truth = _truth(*tensors[name])

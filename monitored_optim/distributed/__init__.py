@@ -42,7 +42,6 @@ optimizer on the same steps; a name means the same parameter on every rank that 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -55,7 +54,7 @@ from ..updates import View, elementwise
 from . import dtensor, fsdp1, replicated, zero
 from .held import Held, is_dtensor, narrow, set_local_grad, whole_shape
 from .pipeline import Ranks, Remote
-from .table import Captured, collective_device
+from .table import Captured, Gathered, collective_device
 
 if TYPE_CHECKING:
     from ..pieces import Keys
@@ -98,32 +97,6 @@ def _held(p: Tensor, parent: Any) -> Held:
     if is_dtensor(p):
         return dtensor.held(p)
     return fsdp1.held(p) or replicated.held(p)
-
-
-@dataclass
-class Gathered:
-    """A logging step's values on the host, per parameter (this rank's first, then those other ranks
-    monitor): what :meth:`Sharding.reduce` and :meth:`Unsharded.reduce` both answer.
-
-    Attributes:
-        counts: per parameter its element count.
-        pairs: float64 ``(P, 3, 2)``, the ``(mean, m2)`` of each kind of :data:`~monitored_optim.stats.KINDS`.
-        present: bool ``(P, 3)``, the kinds that had values.
-        pieces: per parameter the host values of its other pieces.
-        read: each Tensor learning rate's value (``[floats]``), in the order given.
-        remote: the parameters after this rank's own, monitored elsewhere (none in one process).
-        names: every parameter's name where the ranks renamed some (None: the roster's own).
-        cost: the ``monitor`` family summed over the ranks (None: this process's own).
-    """
-
-    counts: Tensor | list[float]
-    pairs: Tensor
-    present: Tensor
-    pieces: list[dict[str, list[float]]]
-    read: list[list[float]]
-    remote: list[Remote] = field(default_factory=list)
-    names: list[str] | None = None
-    cost: tuple[float, float] | None = None
 
 
 class Unsharded:
@@ -311,9 +284,8 @@ class Sharding:
         local = [Remote(e.name, tuple(self.shape(e.p)), str(e.p.dtype), self._whole(e.p)) for e in entries]
         reduced = reduce(list(entries), local, [self._held[id(e.p)] for e in entries], keys, ranks, self.left_out, cost)
         tell_left_out(self.left_out, keys.heads, ranks.left_out)
-        read = stats.Moments({}, {}, 0, torch.zeros(0)).host(torch.zeros(0, dtype=torch.long), lrs)[2]
-        return Gathered(reduced.counts, reduced.pairs, reduced.present, reduced.pieces, read, reduced.remote,
-                        reduced.names, reduced.cost)
+        reduced.read = stats.Moments({}, {}, 0, torch.zeros(0)).host(torch.zeros(0, dtype=torch.long), lrs)[2]
+        return reduced
 
 
 def tell_left_out(keys: set[str], reductions: dict[str, str], told: Once) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -53,36 +54,53 @@ SLOTTED = (MIN, MAX)
 so that every slot's greatest value is the answer and -inf says none)."""
 
 
-class Reduced:
-    """The host values of a reduced table, per parameter of the union (this rank's first).
+@dataclass
+class Gathered:
+    """A logging step's values on the host, per parameter (this rank's first, then those other ranks
+    monitor): what :meth:`Sharding.reduce <monitored_optim.distributed.Sharding.reduce>` and
+    :meth:`Unsharded.reduce <monitored_optim.distributed.Unsharded.reduce>` both answer.
 
     Attributes:
-        counts: per parameter N, its total element count (a float holding an integer).
+        counts: per parameter N, its element count (over the ranks: a float holding an integer).
         pairs: float64 ``(P, 3, 2)``, the ``(mean, m2)`` of each kind of :data:`~monitored_optim.stats.KINDS`
-            over all N elements (a kind missing on a rank counts as zeros there; zeros where no rank had it).
+            over all N elements (a kind missing on a rank counts as zeros there; zeros where none had it).
         present: bool ``(P, 3)``, whether some rank had each kind.
-        pieces: per parameter a dict of the other pieces some rank had (``[count]``, ``[norm, norm]``).
+        pieces: per parameter the host values of its other pieces (``[count]``, ``[norm, norm]``).
+        read: each Tensor learning rate's value (``[floats]``), in the order given.
+        remote: the parameters after this rank's own (:class:`~.pipeline.Remote`), monitored elsewhere
+            (none in one process).
         names: per parameter its name in the union (this rank's own may be kept apart from another
-            rank's parameter of the same name, :class:`~.pipeline.Ranks`).
-        remote: the parameters after this rank's own (:class:`~.pipeline.Remote`), monitored elsewhere.
-        cost: the ``monitor`` family over the ranks: ``(bytes all ranks copied, their mean host seconds)``.
+            rank's parameter of the same name, :class:`~.pipeline.Ranks`); None: the roster's own.
+        cost: the ``monitor`` family over the ranks, ``(bytes all ranks copied, their mean host
+            seconds)``; None: this process's own.
     """
 
-    def __init__(self, host: list[list[float]], ranks: Ranks, keys: Keys, world: int) -> None:
-        self.counts: list[float] = []
-        pairs, present, self.pieces = [], [], []
-        for name in ranks.names:
-            n, got = _hosted(host, ranks.block[name], keys, world)
-            self.counts.append(n)
-            pairs += [got.get(kind, [0.0, 0.0]) for kind in stats.KINDS]
-            present += [kind in got for kind in stats.KINDS]
-            self.pieces.append({key: value for key, value in got.items() if key not in stats.KINDS})
-        shape = (len(ranks.names), len(stats.KINDS))
-        self.pairs = torch.tensor(pairs, dtype=torch.float64).reshape(*shape, 2)
-        self.present = torch.tensor(present, dtype=torch.bool).reshape(shape)
-        self.remote: list[Remote] = list(ranks.remote)
-        self.names: list[str] = list(ranks.names)
-        self.cost = (0.0, 0.0)
+    counts: Tensor | list[float]
+    pairs: Tensor
+    present: Tensor
+    pieces: list[dict[str, list[float]]]
+    read: list[list[float]] = field(default_factory=list)
+    remote: list[Remote] = field(default_factory=list)
+    names: list[str] | None = None
+    cost: tuple[float, float] | None = None
+
+
+def gathered(host: list[list[float]], ranks: Ranks, keys: Keys, world: int,
+             cost: tuple[float, float] = (0.0, 0.0)) -> Gathered:
+    """The :class:`Gathered` values of the reduced table ``host`` (its rows as lists), per parameter of
+    the union ``ranks``, in a world of ``world``; ``cost`` as the header summed it."""
+    counts: list[float] = []
+    pairs, present, pieces = [], [], []
+    for name in ranks.names:
+        n, got = _hosted(host, ranks.block[name], keys, world)
+        counts.append(n)
+        pairs += [got.get(kind, [0.0, 0.0]) for kind in stats.KINDS]
+        present += [kind in got for kind in stats.KINDS]
+        pieces.append({key: value for key, value in got.items() if key not in stats.KINDS})
+    shape = (len(ranks.names), len(stats.KINDS))
+    return Gathered(counts, torch.tensor(pairs, dtype=torch.float64).reshape(*shape, 2),
+                    torch.tensor(present, dtype=torch.bool).reshape(shape), pieces,
+                    remote=list(ranks.remote), names=list(ranks.names), cost=cost)
 
 
 class Captured(Protocol):
@@ -99,7 +117,7 @@ class Captured(Protocol):
 
 
 def reduce(entries: Sequence[Captured], local: list[Remote], held: list[Held], keys: Keys, ranks: Ranks,
-           left_out: set[str], cost: tuple[float, float] = (0.0, 0.0)) -> Reduced:
+           left_out: set[str], cost: tuple[float, float] = (0.0, 0.0)) -> Gathered:
     """Every entry's pieces summed over the ranks: ONE ``all_reduce`` (SUM) of one float64 table,
     then one device-to-host copy (two of each on a step where a rank's names changed).
 
@@ -115,7 +133,7 @@ def reduce(entries: Sequence[Captured], local: list[Remote], held: list[Held], k
         ranks: the union of names, exchanged here at the first call and when names change.
         left_out: where the keys of pieces left out are added.
         cost: this rank's ``(bytes copied, host seconds)`` so far (the ``monitor`` family), summed in
-            the header: ``Reduced.cost`` holds the bytes of all ranks and their mean seconds.
+            the header: ``Gathered.cost`` holds the bytes of all ranks and their mean seconds.
 
     Raises:
         RuntimeError: a rank failed to build its part of the table (raised on every rank after the
@@ -149,9 +167,7 @@ def reduce(entries: Sequence[Captured], local: list[Remote], held: list[Held], k
                 "monitored_optim: the ranks of the default process group disagree on the parameters they "
                 "monitor, so figures cannot be combined. Every rank must step its monitored optimizer on the "
                 "same steps, with names that mean the same parameter on every rank that holds it.")
-        reduced = Reduced(host, ranks, keys, world)
-        reduced.cost = (copied, seconds / count)
-        return reduced
+        return gathered(host, ranks, keys, world, (copied, seconds / count))
     raise AssertionError("unreachable")
 
 
