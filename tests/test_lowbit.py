@@ -123,3 +123,52 @@ def test_verify_mode_and_a_family_that_reads_each_update_stay_exact(settings, tm
             assert logged.pop("verify/max_rel_error") < 1e-6  # the turn's sums are the stored change's
         truth.assert_figures_match(logged, expected)
     assert all(torch.equal(a, b) for a, b in zip(plain, after))
+
+
+class _PerParameter(torch.optim.Optimizer):
+    """Momentum SGD that looks up each parameter's state in its own turn, as torchao's and GaLore's do."""
+
+    def __init__(self, params, lr=1e-2):
+        super().__init__(params, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    buf = self.state[p].setdefault("buf", torch.zeros_like(p)).mul_(0.9).add_(p.grad)
+                    p.add_(buf, alpha=-group["lr"])
+
+
+def _shared() -> list[tuple[str, torch.nn.Parameter]]:
+    """Three 64 x 32 matrices, views of one flat buffer (as a model with fused parameters keeps them)."""
+    flat = torch.randn(3 * 2048, generator=torch.Generator().manual_seed(3))
+    return [(f"w{i}", torch.nn.Parameter(flat[i * 2048:(i + 1) * 2048].view(64, 32))) for i in range(3)]
+
+
+@pytest.mark.parametrize("verify", [False, True], ids=["plain", "verify"])
+def test_parameters_that_share_one_buffer_are_each_measured_in_their_own_turn(verify, tmp_path):
+    """Three matrices in one buffer, stepped one at a time (snapshotted as aliased; verify mode also
+    measures each in its turn, which takes only the parts within its own elements): the figures equal
+    the clone truth, and the trajectory is the plain optimizer's."""
+    from monitored_optim.updates import register
+    from monitored_optim.updates.turns import Lookup, TurnView
+
+    register(_PerParameter, TurnView(Lookup()))
+    named, twin = _shared(), _shared()
+    assert len({p.untyped_storage().data_ptr() for _, p in named}) == 1
+    opt = Monitored(_PerParameter)(named, monitor=MonitorConfig(backend="none", logdir=tmp_path, verify=verify))
+    plain = _PerParameter([p for _, p in twin])
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(STEPS):
+        for (_, p), (_, q) in zip(named, twin):
+            p.grad = torch.randn(p.shape, generator=gen)
+            q.grad = p.grad.clone()
+        before, grads = truth.snapshot(named)
+        opt.step()
+        plain.step()
+        logged = dict(opt.monitor.latest)
+        if verify:
+            assert logged.pop("verify/max_rel_error") < 1e-6
+        truth.assert_figures_match(logged, truth.figures(named, before, grads))
+    assert all(torch.equal(p, q) for (_, p), (_, q) in zip(named, twin))

@@ -102,14 +102,21 @@ class Turns:
 
     def begin(self, p: Any) -> None:
         """A turn of ``p`` begins: the turn on, if it is another parameter's, ends; ``p``, if parts of it
-        wait, is copied."""
+        wait, is copied (the parts within its elements: another parameter may share its storage)."""
         if not isinstance(p, Tensor):
             return
         if self._current is not None:
             if self._current[0] is p:
                 return
             self.end()
-        waiting = self._waiting.pop(_address(p), None) if type(p) in (Tensor, torch.nn.Parameter) else None
+        if type(p) not in (Tensor, torch.nn.Parameter) or _address(p) not in self._waiting:
+            return
+        start, stop = p.storage_offset(), p.storage_offset() + p.numel()
+        waiting, rest = [], []
+        for part, sums in self._waiting.pop(_address(p)):
+            (waiting if start <= part.storage_offset() < stop else rest).append((part, sums))
+        if rest:
+            self._waiting[_address(p)] = rest
         if waiting:
             self._current = (p, p.detach().clone(), waiting)
 
