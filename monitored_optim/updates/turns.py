@@ -112,7 +112,8 @@ class Turns:
         if type(p) not in (Tensor, torch.nn.Parameter) or _address(p) not in self._waiting:
             return
         start, stop = p.storage_offset(), p.storage_offset() + p.numel()
-        waiting, rest = [], []
+        waiting: list[tuple[Tensor, Summed]] = []
+        rest: list[tuple[Tensor, Summed]] = []
         for part, sums in self._waiting.pop(_address(p)):
             (waiting if start <= part.storage_offset() < stop else rest).append((part, sums))
         if rest:
