@@ -90,7 +90,7 @@ def attach_at(obj: T, config: MonitorConfig | None, steps: int | None, names: to
              "that wrapper are not monitored; attach() before wrapping opt.step", RuntimeWarning)
     count = steps if steps is not None else steps_kept(
         optimizer, 0, f"the {base.__name__} attached has taken steps but keeps no step count, so the monitor's x axis "
-        "starts at step 1; set opt.monitor.step to the steps taken to continue it")
+        "starts at step 1; set opt.monitor.step to the steps taken to continue it", monitor._voice)
     bind(optimizer, monitor, count, model=model if model is not None else names, wrapper=wrapper)
     return obj
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._warnings import Once, warn
+from ._warnings import Once
 
 
 class StepCount:
@@ -25,17 +25,15 @@ class StepCount:
         self.logged = 0
         self._told = Once()
 
-    def set(self, value: Any) -> None:
-        """Set the count by hand; warns once where it moves below a step already logged.
+    def set(self, value: Any) -> bool:
+        """Set the count by hand; returns whether it moved below a step already logged, the first time.
 
         Raises:
             ValueError: ``value`` is not an integer >= 0.
         """
-        if _valid(value) < self.logged and self._told.first():
-            warn(f"monitored_optim: the monitor's step moves back from {self.step} to {value}, below step "
-                 f"{self.logged} that it already logged, so figures will be logged again at steps already "
-                 "used; set opt.monitor.step to the step your checkpoint was saved at", RuntimeWarning)
+        back = _valid(value) < self.logged and self._told.first()
         self.step = value
+        return back
 
     def resume_at(self, step: Any) -> None:
         """Continue from ``step``, a loaded checkpoint's count, quietly (a rollback included).

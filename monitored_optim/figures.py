@@ -17,7 +17,7 @@ import torch
 
 from . import families
 from .hosted import Hosted, MomentTable
-from ._warnings import Once, warn
+from ._warnings import Once
 from .capture.plan import Roster, Stepped
 from .config import Settings
 from .families.base import Family
@@ -111,9 +111,10 @@ class Figures:
         """Relative error of the view against the clone; warns once per parameter beyond
         :data:`VERIFY_RTOL` of the update itself."""
         if miss > VERIFY_RTOL * truth and self._verify_told.first(name):
-            warn(f"monitored_optim verify: the update of {name!r} rebuilt from the optimizer state differs "
-                 f"from the clone-based truth by {miss:.3g} (norm {truth:.3g}) beyond the rounding of the stored "
-                 "value; please report it with your torch version and optimizer flags", RuntimeWarning)
+            self.health.voice.warn(  # where the figures are written: every rank finds the same miss
+                f"monitored_optim verify: the update of {name!r} rebuilt from the optimizer state differs from "
+                f"the clone-based truth by {miss:.3g} (norm {truth:.3g}) beyond the rounding of the stored value; "
+                "please report it with your torch version and optimizer flags")
         return miss / truth if truth > 0 else (0.0 if miss == 0 else math.inf)
 
 

@@ -81,7 +81,11 @@ class Monitor(ReadBack):
 
     @step.setter
     def step(self, value: int) -> None:
-        self._count.set(value)
+        was, logged = self._count.step, self._count.logged
+        if self._count.set(value):
+            self._voice.warn(f"monitored_optim: the monitor's step moves back from {was} to {value}, below step "
+                             f"{logged} that it already logged, so figures will be logged again at steps already "
+                             "used; set opt.monitor.step to the step your checkpoint was saved at")
 
     def resume_at(self, step: int) -> None:
         """Continue the count from ``step``, a loaded checkpoint's, quietly (a rollback included: what

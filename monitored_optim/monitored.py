@@ -15,6 +15,7 @@ import torch
 
 from . import amp
 from ._warnings import warn
+from .alerts import Voice
 from .config import MonitorConfig
 from .engine import Engine
 from .monitor import Monitor
@@ -177,7 +178,7 @@ def _state_dicts(base: type[torch.optim.Optimizer]) -> tuple[Any, Any]:
             monitor.step = steps_kept(self, monitor.step, "the loaded state dict has optimizer state but no step "
                                       f"count (a plain {base.__name__} checkpoint keeps none), so the monitor's x axis "
                                       "starts again at step 1; set opt.monitor.step to the step the checkpoint was "
-                                      "saved at to continue it")
+                                      "saved at to continue it", monitor._voice)
 
     return state_dict, load_state_dict
 
@@ -206,13 +207,13 @@ def _engine_of(optimizer: torch.optim.Optimizer) -> Engine | None:
     return None if monitor is None else monitor._engine
 
 
-def steps_kept(optimizer: torch.optim.Optimizer, default: int, unknown: str) -> int:
+def steps_kept(optimizer: torch.optim.Optimizer, default: int, unknown: str, voice: Voice) -> int:
     """The steps ``optimizer`` has taken by the count it keeps (its state's, its groups'), else ``default``;
-    where it keeps none, ``default`` is 0 and the optimizer has state, warns ``unknown`` (why the x axis
-    starts at step 1)."""
+    where it keeps none, ``default`` is 0 and the optimizer has state, ``voice`` warns ``unknown`` (why the
+    x axis starts at step 1)."""
     count = _step_count_kept(optimizer)
     if count is None and default == 0 and any(optimizer.state.values()):
-        warn(f"monitored_optim: {unknown}", RuntimeWarning)
+        voice.warn(f"monitored_optim: {unknown}")
     return default if count is None else count
 
 

@@ -895,3 +895,33 @@ def test_a_rank_that_fails_to_build_its_table_fails_every_rank_with_histograms_o
     for rank, (step, message) in enumerate(results):
         assert step == EVERY and message is not None and "1 rank(s) could not reduce their figures" in message, rank
     assert "ValueError: broken on purpose" in results[1][1] and "this rank" not in results[0][1]
+
+
+def _notices(rank, world, outdir):
+    """Under DDP, on every rank: an SGD with momentum state attached (it keeps no step count), two logging
+    steps, then the step set back below them. The warnings each rank raised."""
+    import warnings
+
+    from monitored_optim import attach
+
+    net = DDP(model())
+    sgd = torch.optim.SGD(net.parameters(), lr=1e-2, momentum=0.9)
+    loss_of(net, 1, rank, world).backward()
+    sgd.step()  # momentum state, no count
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        opt = attach(sgd, MonitorConfig(backend="none", every=1, model=net))
+        for step in (2, 3):
+            opt.zero_grad()
+            loss_of(net, step, rank, world).backward()
+            opt.step()
+        opt.monitor.step = 1
+    return [str(w.message) for w in seen]
+
+
+def test_a_notice_about_the_step_axis_comes_from_the_writing_rank_alone(tmp_path):
+    """The "keeps no step count" notice of attach() and the "moves back" notice of a step set below a
+    logged one are each raised once, by rank 0, which writes the figures."""
+    told = launch(_notices, 2, tmp_path)
+    assert told[1] == []
+    assert len(told[0]) == 2 and "keeps no step count" in told[0][0] and "moves back from 2 to 1" in told[0][1]
