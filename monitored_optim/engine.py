@@ -53,16 +53,16 @@ class Engine:
     """A monitor's binding to its optimizer and the run of each ``step()``: the engine protocol.
 
     Args:
-        flow: the stages of a step.
-        view: the update view of the optimizer's class (bound to the optimizer by :meth:`attach`).
+        flow: the stages of a step (its capture holds the update view of the optimizer's class, bound to
+            the optimizer by :meth:`attach`).
         used: the monitor's record of being built and stepped (for the notice at exit).
 
     Attributes:
         base_calls: base steps called so far (the AMP patch compares it around a GradScaler's step).
     """
 
-    def __init__(self, flow: Flow, view: View, used: usage.Usage) -> None:
-        self.flow, self.view, self._usage = flow, view, used
+    def __init__(self, flow: Flow, used: usage.Usage) -> None:
+        self.flow, self._usage = flow, used
         self.base_calls = 0
         self._optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None
         self._born: dict[int, str] = {}  # id -> name of the parameters the optimizer was built with
@@ -77,8 +77,7 @@ class Engine:
         its steps."""
         self._optimizer = weakref.ref(optimizer)
         self._usage.built = True
-        self.view = bind(self.view, optimizer)
-        self.flow.capture.use(self.view)
+        self.flow.capture.use(bind(self.view, optimizer))
         told = self.flow.told if wrapper is None else None  # DeepSpeed's flat buffers are named by its layout
         every, chosen = plan.born(optimizer, names, self.flow.settings.select, told)
         self._born = {id(p): n for n, p in every}
@@ -103,6 +102,11 @@ class Engine:
         stepper = self._stepper_of(optimizer)
         self.base_calls += 1
         return stepper.call(optimizer, step_fn, args, kwargs)
+
+    @property
+    def view(self) -> View:
+        """The update view the capture uses (bound to the optimizer once attached)."""
+        return self.flow.capture.view
 
     @property
     def capture(self) -> Capture:

@@ -57,8 +57,7 @@ class Monitor(ReadBack):
         self._count = StepCount(self.settings.count == "calls", self.settings.every)
         chosen = families.build(self.settings.figures)
         keys = pieces.keys(chosen)  # every piece key and its reduction: the sharded table's rows
-        view = view_for(optimizer_cls)
-        capture = Capture(view, self.settings, chosen, keys.heads)
+        capture = Capture(view_for(optimizer_cls), self.settings, chosen, keys.heads)
         self._delivery = Delivery(self.settings)
         self._voice = Voice(self._delivery.writes, self.settings.alerts, self.settings.stop_on, self._delivery.alert)
         families.speak(chosen, self._voice)  # warnings and events where the figures are written
@@ -71,7 +70,7 @@ class Monitor(ReadBack):
         self._models = Models()  # the names of parameters after the models, and the models watched
         flow = Flow(self.settings, capture, figures, keys, self._count, self._delivery, self.health, self._guard,
                     self._models, closure_is_first(optimizer_cls), closure_runs_ahead(optimizer_cls))
-        self._engine = Engine(flow, view, self._usage)  # what each step() runs through
+        self._engine = Engine(flow, self._usage)  # what each step() runs through
         weakref.finalize(self, self._delivery.close)  # a monitor collected unclosed closes its files
 
     @property
