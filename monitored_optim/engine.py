@@ -104,6 +104,11 @@ class Engine:
         return stepper.call(optimizer, step_fn, args, kwargs)
 
     @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer bound (None before :meth:`attach`, or once it is gone)."""
+        return self._optimizer()
+
+    @property
     def view(self) -> View:
         """The update view the capture uses (bound to the optimizer once attached)."""
         return self.flow.capture.view

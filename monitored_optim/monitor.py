@@ -10,7 +10,6 @@ and the alerts' memory for a checkpoint), the models watched, and what reads the
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -65,7 +64,6 @@ class Monitor(ReadBack):
         self._guard = Guard(self.settings.guard, self.settings.skip_budget, self._voice) \
             if self.settings.guard else None
         figures = Figures(self.settings, chosen, self.health, capture.silent)  # no cycle through self
-        self._optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None
         self._usage = usage.Usage(optimizer_cls.__name__)
         self._models = Models()  # the names of parameters after the models, and the models watched
         flow = Flow(self.settings, capture, figures, keys, self._count, self._delivery, self.health, self._guard,
@@ -134,7 +132,6 @@ class Monitor(ReadBack):
         watched = self.config.model if self.config is not None else None
         for m in (m for m in (watched, model) if m is not None):
             self._models.name_after(m)
-        self._optimizer = weakref.ref(optimizer)
         self._engine.attach(optimizer, self._models.names, wrapper)
         if watched is not None:
             self.watch(watched)
@@ -158,7 +155,7 @@ class Monitor(ReadBack):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"watch() expects a torch.nn.Module, got {type(model).__name__}")
         self._models.watch(model)
-        return [] if self._optimizer() is None else self.health.check_watched(model, self._engine.model_params())
+        return [] if self._engine.optimizer is None else self.health.check_watched(model, self._engine.model_params())
 
     def close(self) -> None:
         """Flush and close the backends, let go of the parameters held (idempotent; the backends of a monitor

@@ -1,19 +1,17 @@
 """What a monitor shows of its run in a notebook: its plan, its in-memory history, the report's figure and table.
 
 ``ReadBack`` is the part of :class:`~monitored_optim.monitor.Monitor` that reads back (it
-uses the monitor's ``_optimizer``, ``_models``, ``_delivery``, ``_engine`` and ``settings``); none of it
+uses the monitor's ``_models``, ``_delivery``, ``_engine`` and ``settings``); none of it
 runs during a step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .histograms import Histogram
 
 if TYPE_CHECKING:
-    import torch
 
     from .config import Settings
     from .deliver import Delivery
@@ -27,7 +25,6 @@ class ReadBack:
     # set by the Monitor's __init__ (this class is its part that reads back)
     settings: Settings
     _delivery: Delivery
-    _optimizer: Callable[[], torch.optim.Optimizer | None]
     _models: Models
     _engine: Engine
 
@@ -55,7 +52,7 @@ class ReadBack:
         """
         from .describe import describe
 
-        optimizer = self._optimizer()
+        optimizer = self._engine.optimizer
         if optimizer is None:
             raise RuntimeError("monitored_optim: the optimizer of this monitor no longer exists")
         return describe(self._engine, optimizer, self._models.names)
@@ -109,7 +106,7 @@ class ReadBack:
 
         from .describe import kind
 
-        optimizer = self._optimizer()
+        optimizer = self._engine.optimizer
         kinds = {label: kind(torch.Size(shape)) for label, shape in self._delivery.shapes.items()}
         label = type(optimizer).__name__ if optimizer is not None else "run"
         return self._delivery.history.run(Path(self.settings.prefix + label), kinds)
