@@ -185,8 +185,7 @@ class Alone:
                 return loss
         pending = flow.begin(optimizer)
         out, _ = flow.part(optimizer, pending, step_fn, args, kwargs)
-        watched = pending is not None and flow.watching  # the parameters a watched model's are checked against
-        flow.end(pending, params=[p for group in optimizer.param_groups for p in group["params"]] if watched else None)
+        flow.end(pending, params=lambda: self.model_params(optimizer))
         return out
 
     @staticmethod
@@ -257,7 +256,7 @@ class EngineSteps:
             self._end()
         return out
 
-    def model_params(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    def model_params(self, optimizer: torch.optim.Optimizer | None = None) -> list[torch.Tensor]:
         """The model's parameters in the wrapper's flat buffers (``optimizer``: unused, as it steps them)."""
         params: list[torch.Tensor] = []
         for _, fragments in self.layout.groups():
@@ -275,9 +274,7 @@ class EngineSteps:
     def _end(self) -> None:
         pending, self._pending = self._pending, None
         source = self.layout.optimizer() if pending is not None else None  # all of DeepSpeed's groups
-        optimizer = self._optimizer()
-        params = self.model_params(optimizer) if pending and optimizer is not None and self._flow.watching else None
-        self._flow.end(pending, stepped=self._calls > 0, source=source, local_groups=True, params=params)
+        self._flow.end(pending, stepped=self._calls > 0, source=source, local_groups=True, params=self.model_params)
 
 
 NO_GUARD_UNDER_DEEPSPEED = (

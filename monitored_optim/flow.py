@@ -125,14 +125,14 @@ class Flow:
         return out, made
 
     def end(self, pending: Pending | None, stepped: bool = True, source: Stepped | None = None,
-            local_groups: bool = False, params: list[torch.Tensor] | None = None) -> None:
+            local_groups: bool = False, params: Callable[[], list[torch.Tensor]] = list) -> None:
         """End the step that ``pending`` began: count it (a step that stepped nothing as skipped) and, on a
         logging step, reduce, compute the figures and deliver them.
 
         ``source``: the optimizer whose param groups carry every learning rate (None: the one stepped);
         ``local_groups``: the capture read param groups of a layout's own, whose learning rates are figures too;
-        ``params``: the model's parameters stepped, which each watched model's are checked against (None: no
-        model is watched).
+        ``params``: the model's parameters stepped, which each watched model's are checked against (asked
+        only where a model is watched).
         """
         if not stepped:
             self.skipped()
@@ -140,13 +140,10 @@ class Flow:
             self._count.took()
         else:
             self._finish(pending, pending.optimizer if source is None else source, local_groups)
-            for model in self.models.watched():
-                self.health.check_watched(model, params or [])
-
-    @property
-    def watching(self) -> bool:
-        """Whether a model is watched (its parameters checked at each logging step)."""
-        return bool(self.models.watched())
+            watched = self.models.watched()
+            stepped_params = params() if watched else []
+            for model in watched:
+                self.health.check_watched(model, stepped_params)
 
     @stage()
     def _before(self, pending: Pending, args: tuple[Any, ...], kwargs: dict[str, Any],
