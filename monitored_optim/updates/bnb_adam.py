@@ -32,7 +32,6 @@ Source: Dettmers et al. (2022) "8-bit Optimizers via Block-wise Quantization", b
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import weakref
@@ -43,7 +42,7 @@ from torch import Tensor
 
 from ._shared import KAPPA_MAX
 from .clone import Cloned, Scaled, Stores, Summed
-from .turns import Method, Turns
+from .turns import Method, TurnView
 from .view import View
 
 TURN = Method("update_step", 1)
@@ -58,11 +57,11 @@ class BnbAdamView(View):
     def __init__(self, optimizer: Any = None) -> None:
         self._optimizer = None if optimizer is None else weakref.ref(optimizer)
         """The optimizer this view is bound to (:meth:`bound`), held weakly; None for the registered view."""
-        self.turns = None if optimizer is None else Turns(TURN, optimizer)
-        """Where the view cannot rebuild a parameter's update, its turn measures it (:mod:`.turns`)."""
+        self.turned = TurnView(TURN) if optimizer is None else TurnView(TURN).bound(optimizer)
+        """Where this view cannot rebuild a parameter's update, the turn view measures it (:mod:`.turns`)."""
 
     def stepping(self) -> ContextManager[None]:
-        return self.turns.stepping() if self.turns is not None else contextlib.nullcontext()
+        return self.turned.stepping()
 
     def bound(self, optimizer: Any) -> BnbAdamView:
         """This view for ``optimizer``, which it asks on each parameter's first step whether that step
@@ -91,14 +90,13 @@ class BnbAdamView(View):
                     and isinstance(state.get("state1"), Tensor) and state["state1"].dtype == torch.float32
                     and isinstance(state.get("state2"), Tensor) and state["state2"].shape == p.shape)
         if not (adam and p.device.type == "cpu" and abs(s) * KAPPA_MAX >= 1.0 and not _overridden()):
-            taken = None if self.turns is None else self.turns.take(p)
-            return taken if taken is not None else Cloned.of(p)
+            return self.turned.before(group, p, state)
         return None
 
     def update(self, group: dict[str, Any], p: Tensor, state: dict[str, Any], snapshot: Any
                ) -> Stores | Summed | None:
         if isinstance(snapshot, Summed):  # measured in its turn of the step
-            return snapshot if self.turns is not None and self.turns.ran(snapshot) else None
+            return self.turned.update(group, p, state, snapshot)
         if p.grad is None or "state2" not in state:
             return None
         lr, (beta1, beta2), eps, t = group["lr"], group["betas"], group["eps"], state["step"]
