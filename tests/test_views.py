@@ -5,6 +5,7 @@ parts, rebuilt from a shard; else whole, cloned per shard)."""
 from __future__ import annotations
 
 import functools
+import re
 from collections import OrderedDict
 
 import pytest
@@ -143,6 +144,34 @@ def test_register_refuses_a_capability_that_is_not_a_method():
     cls = type("BoundFive", (torch.optim.SGD,), {"step": _sgd_step})
     with pytest.raises(TypeError, match="'bound' of .* to be a method"):
         register(cls, view)
+
+
+@pytest.mark.parametrize("kind", ["view", "duck", "whole"])
+def test_a_large_parameter_of_a_third_party_elementwise_view_is_reduced_in_parts(kind, tmp_path):
+    """A third-party view that says it is element-wise rebuilds a weight of more than PART_ELEMENTS
+    elements a part at a time (``describe()`` names the parts); one that does not, whole. Every
+    logging step's figures equal the clone truth."""
+    cls = CLASSES[kind]
+    gen = torch.Generator().manual_seed(0)
+    named = [("w", nn.Parameter(torch.randn(SHAPE, generator=gen))), ("b", nn.Parameter(torch.zeros(SHAPE[0])))]
+    opt = Monitored(cls)(named, lr=1e-3, monitor=MonitorConfig(backend="none", logdir=tmp_path))
+    view = opt.monitor._engine.view
+    assert view is view_for(cls)
+    row = next(line for line in opt.monitor.describe().splitlines() if line.startswith("w "))
+    slices = re.search(r"in (\d+) slices", row)
+    assert (slices is not None) == (kind != "whole"), row
+    for _ in range(3):
+        view.calls.clear()
+        for _, p in named:
+            p.grad = 1e-2 * torch.randn(p.shape, generator=gen)
+        before, grads = truth.snapshot(named)
+        opt.step()
+        truth.assert_figures_match(opt.monitor.latest, truth.figures(named, before, grads))
+        large = [n for n in view.calls if n > SHAPE[0]]  # the bias is copied flat, never rebuilt
+        if kind == "whole":
+            assert large == [SHAPE[0] * SHAPE[1]]
+        else:
+            assert len(large) == int(slices.group(1)) > 1 and sum(large) == SHAPE[0] * SHAPE[1], large
 
 
 # ----- sharded: DDP replicas keep the view, FSDP2 shards are rebuilt by an element-wise view ------
